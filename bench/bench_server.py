@@ -2,17 +2,22 @@
 
 Run: PYTHONPATH=. python bench/bench_server.py [--requests 3000] [--write]
 
-Both servers are real processes started the same way (uvicorn, one worker, no access log): the
-assignment service with ``taskdata serve``, and a one-route FastAPI app as the ceiling. The load comes
-from another process: an asyncio raw-socket HTTP/1.1 keep-alive client (one request in flight per
-connection), which records each request's latency.
+Both servers are real processes started the same way (uvicorn with httptools, one worker, no access
+log): the assignment service with ``taskdata serve``, and a one-route FastAPI app as the ceiling. The
+load comes from another process, with one request in flight per connection, in two ways:
+
+- a raw-socket client (asyncio, HTTP/1.1 keep-alive): it costs little, so the server is the bottleneck
+  and its CPU time per request (from /proc, reported for every throughput line) is what decides;
+- httpx clients, one thread each, the way trainer hosts call the server: the trivial endpoint gives
+  about 1,200 requests/s this way, the ceiling the issue quotes for this machine.
 
 The plan is realistic: a 3-task mixture (0.7 / 0.25 / 0.05), global batch 2048 on 8 hosts (256
-examples per host), lookahead steps=1. The caches are synthetic but in the real format (TFRecord
-frames, offsets sidecars, manifest, COMPLETED), written once into bench/out/ and verified by the server
-on first use like any cache: with 64 and with 65,536 shards per task. Every measured (host, step) is
-distinct, so answers come from the index math (the server's step cache does not hit), except in the
-"cached" figure, which repeats requests on purpose.
+examples per host), lookahead steps=1, ``encoding=base64`` as the trainer client asks (one line with
+``encoding=ints``). The caches are synthetic but in the real format (TFRecord frames, offsets sidecars,
+manifest, COMPLETED), written once into bench/out/ and verified by the server on first use like any
+cache: with 64 and with 65,536 shards per task. Every measured (host, step) is distinct, so answers
+come from the index math (the server's step cache does not hit), except in the "step cache hits" line,
+which repeats requests on purpose.
 """
 
 from __future__ import annotations
@@ -170,10 +175,15 @@ def stop(process: subprocess.Popen) -> None:
             process.wait(timeout=15)
 
 
-def load(port: int, paths: list[str], concurrency: int) -> dict:
-    """Runs the load client in its own process; returns its measurements."""
+def load(port: int, paths: list[str], concurrency: int, generator: str = "raw") -> dict:
+    """Runs a load generator in its own process; returns its measurements.
+
+    ``raw``: asyncio raw sockets, one request in flight per connection; it costs the client little, so
+    the server is the bottleneck. ``httpx``: one thread per connection, each with a sync
+    ``httpx.Client``, the way trainer hosts call the server (``trainer_client.server_source``).
+    """
     result = subprocess.run(
-        [sys.executable, __file__, "--client", str(port), str(concurrency)],
+        [sys.executable, __file__, "--client", str(port), str(concurrency), generator],
         input=json.dumps(paths),
         capture_output=True,
         text=True,
@@ -181,6 +191,46 @@ def load(port: int, paths: list[str], concurrency: int) -> dict:
         check=True,
     )
     return json.loads(result.stdout)
+
+
+def _httpx_client(port: int, paths: list[str], concurrency: int) -> dict:
+    import threading
+
+    import httpx
+
+    pending, lock = iter(paths), threading.Lock()
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    sizes: list[int] = []
+
+    def connection() -> None:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            while True:
+                with lock:
+                    path = next(pending, None)
+                if path is None:
+                    return
+                started = time.perf_counter()
+                response = client.get(path)
+                body = response.content
+                elapsed = time.perf_counter() - started
+                with lock:
+                    latencies.append(elapsed)
+                    statuses[str(response.status_code)] = statuses.get(str(response.status_code), 0) + 1
+                    sizes.append(len(body))
+
+    threads = [threading.Thread(target=connection) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {
+        "seconds": time.perf_counter() - started,
+        "latencies": latencies,
+        "statuses": statuses,
+        "mean_bytes": statistics.fmean(sizes),
+    }
 
 
 async def _client(port: int, paths: list[str], concurrency: int) -> dict:
@@ -243,7 +293,7 @@ def serve_trivial(port: int) -> None:
     async def trivial_large() -> Response:
         return Response(large, media_type="application/json")
 
-    uvicorn.run(app, host="127.0.0.1", port=port, access_log=False, log_level="warning", workers=1)
+    uvicorn.run(app, host="127.0.0.1", port=port, access_log=False, log_level="warning", workers=1, http="httptools")
 
 
 # --- measurements -------------------------------------------------------------------------------------
@@ -254,9 +304,12 @@ def percentiles(latencies: list[float]) -> tuple[float, float]:
     return ordered[len(ordered) // 2] * 1e3, ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3
 
 
-def shards_paths(run: str, first_step: int, count: int) -> list[str]:
+def shards_paths(run: str, first_step: int, count: int, encoding: str = "base64") -> list[str]:
     """8 hosts walking through consecutive steps: host i % 8 at step first_step + i // 8."""
-    return [f"/shards?host={i % HOSTS}&step={first_step + i // HOSTS}&run={run}" for i in range(count)]
+    return [
+        f"/shards?host={i % HOSTS}&step={first_step + i // HOSTS}&run={run}&encoding={encoding}"
+        for i in range(count)
+    ]
 
 
 def describe(name: str, result: dict, extra: str = "") -> str:
@@ -271,9 +324,8 @@ def describe(name: str, result: dict, extra: str = "") -> str:
 
 
 def in_process_breakdown(runs: list[dict], root: Path) -> list[str]:
-    """Where one cold answer's time goes, measured in-process on the same plans and caches."""
-    from server.assignments import AnswerCache, shards_body, step_json
-    from taskdata.index import assign
+    """Where a new answer's time goes, measured in-process on the same plans and caches."""
+    from server.assignments import AnswerCache, shards_body, step_columns, step_json
     from taskdata.runs import CacheResolver, StoredRun
 
     lines = []
@@ -281,34 +333,45 @@ def in_process_breakdown(runs: list[dict], root: Path) -> list[str]:
         run = StoredRun.from_dict(data)
         num_shards = int(run.name[1:])
         caches = CacheResolver(str(root)).resolve_run(run)
-
         memory = AnswerCache(0)  # keeps no answers: every answer below is computed
         for cache in caches:
             memory.encoded(cache)  # once per process (the server does it while verifying)
         for first in (10, 12_000, 10**9):
-            pairs = [(i % HOSTS, first + i // HOSTS) for i in range(200)]
+            steps = range(first, first + 25)
             started = time.perf_counter()
-            for host, step in pairs:
-                assign(run.plan, step, host)
-            index_math = (time.perf_counter() - started) / len(pairs)
-            timings = []
-            for shared in (False, True):
-                memory.clear_step_arrays()
+            for step in steps:
+                step_columns(run.plan, caches, step)
+            per_step = (time.perf_counter() - started) / len(steps)
+            formatting = {}
+            for encoding in ("base64", "ints"):
+                for step in steps:  # columns cached, as they are for a step's other hosts
+                    memory.step_columns(run.name, run.plan, caches, step)
                 started = time.perf_counter()
-                for host, step in pairs:
-                    if not shared:  # every answer does its step's whole-batch index math alone
-                        memory.clear_step_arrays()
-                    shards_body(run, host, HOSTS, host, [step_json(run, caches, host, step, memory)])
-                timings.append((time.perf_counter() - started) / len(pairs))
+                for step in steps:
+                    for host in range(HOSTS):
+                        shards_body(
+                            run, host, HOSTS, host, [step_json(run, caches, host, step, memory, encoding)]
+                        )
+                formatting[encoding] = (time.perf_counter() - started) / (len(steps) * HOSTS)
+                memory.clear_step_columns()
             lines.append(
-                f"in-process, {num_shards:,} shards, steps from {first:,}: assign() {index_math * 1e3:.2f} ms; one "
-                f"host's answer with the step's index math done for it alone {timings[0] * 1e3:.2f} ms; with the "
-                f"step's whole-batch arrays shared by its {HOSTS} hosts (what the server does) {timings[1] * 1e3:.2f} ms"
+                f"in-process, {num_shards:,} shards, steps from {first:,}: a step's index math and read columns "
+                f"for all {HOSTS} hosts {per_step * 1e3:.2f} ms ({per_step / HOSTS * 1e3:.3f} ms per host); "
+                f"writing one host's answer from them {formatting['base64'] * 1e3:.3f} ms (base64), "
+                f"{formatting['ints'] * 1e3:.3f} ms (ints)"
             )
     return lines
 
 
-def measure(port: int, trivial_port: int, requests: int) -> list[str]:
+def cpu_seconds(process: subprocess.Popen) -> float:
+    """User + system CPU time of ``process`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(
+    server: subprocess.Popen, port: int, trivial: subprocess.Popen, trivial_port: int, requests: int
+) -> list[str]:
     lines = []
     for num_shards in SHARD_COUNTS:
         seconds = first_answer(port, f"/shards?host=0&step=500000000&run=r{num_shards}")
@@ -319,42 +382,73 @@ def measure(port: int, trivial_port: int, requests: int) -> list[str]:
         load(port, shards_paths(f"r{num_shards}", 600_000_000, 200), 1)  # warm-up, on other steps
     load(trivial_port, ["/trivial"] * 500, 1)
 
+    def timed(
+        process: subprocess.Popen, target: int, paths: list[str], concurrency: int, generator: str = "raw"
+    ):
+        before = cpu_seconds(process)
+        result = load(target, paths, concurrency, generator)
+        result["cpu_per_request"] = (cpu_seconds(process) - before) / len(paths)
+        result["rate"] = len(paths) / result["seconds"]
+        return result
+
+    def cpu(result: dict) -> str:
+        return f"; server CPU {result['cpu_per_request'] * 1e6:.0f} us/request"
+
     latency_n = max(200, requests // 6)
-    result = load(trivial_port, ["/trivial"] * latency_n, 1)
-    lines.append(describe("trivial FastAPI endpoint, 1 connection", result))
+    lines.append(
+        describe("trivial FastAPI endpoint, 1 connection", load(trivial_port, ["/trivial"] * latency_n, 1))
+    )
     for num_shards in SHARD_COUNTS:
         for step in (10, 10**9):
-            result = load(port, shards_paths(f"r{num_shards}", step, latency_n), 1)
+            paths = shards_paths(f"r{num_shards}", step, latency_n, "base64")
             lines.append(
-                describe(f"/shards, 1 connection, {num_shards:,} shards/task, steps from {step:,}", result)
+                describe(
+                    f"/shards base64, 1 connection, {num_shards:,} shards/task, steps from {step:,}",
+                    load(port, paths, 1),
+                )
             )
-    ceiling = load(trivial_port, ["/trivial"] * requests, HOSTS)
-    lines.append(describe(f"trivial FastAPI endpoint, {HOSTS} connections", ceiling))
-    ceiling_rate = len(ceiling["latencies"]) / ceiling["seconds"]
-    large = load(trivial_port, ["/trivial-large"] * requests, HOSTS)
+    paths = shards_paths("r64", 2 * 10**9, latency_n, "ints")
     lines.append(
-        describe(f"trivial FastAPI endpoint with a {LARGE_BODY:,}-byte body, {HOSTS} connections", large)
+        describe("/shards ints, 1 connection, 64 shards/task, steps from 2,000,000,000", load(port, paths, 1))
     )
-    large_rate = len(large["latencies"]) / large["seconds"]
-    # Cold: every (host, step) once. Cached: 1,000 (host, step) pairs (the step cache holds 1,024) asked
-    # again and again, as overlapping lookahead windows and hosts sharing a data shard do; filled first.
-    repeated = shards_paths("r64", 50_000, 1_000)
-    for label, paths in (
-        ("every (host, step) new", shards_paths("r64", 12_000, requests)),
-        ("step cache hits", (repeated * (requests // len(repeated) + 1))[:requests]),
-    ):
-        if paths[0] == repeated[0]:
-            load(port, repeated, HOSTS)
-        result = load(port, paths, HOSTS)
-        rate = len(result["latencies"]) / result["seconds"]
+
+    # Throughput. Every (host, step) is new except in the "step cache hits" line; each line has its
+    # own steps, so no line finds another's steps computed.
+    for generator, label in (("raw", "raw-socket client"), ("httpx", "httpx clients in threads")):
+        ceiling = timed(trivial, trivial_port, ["/trivial"] * requests, HOSTS, generator)
         lines.append(
-            describe(
-                f"/shards, {HOSTS} connections, 64 shards/task, {label}",
-                result,
-                f" = {rate / ceiling_rate:.0%} of the trivial endpoint's throughput, {rate / large_rate:.0%} of the "
-                "large-body one's",
-            )
+            describe(f"{label}: trivial FastAPI endpoint, {HOSTS} connections", ceiling, cpu(ceiling))
         )
+        cases = [
+            (
+                "base64, every (host, step) new",
+                shards_paths("r64", 12_000 + (generator == "httpx") * 500_000, requests, "base64"),
+            )
+        ]
+        if generator == "raw":
+            large = timed(trivial, trivial_port, ["/trivial-large"] * requests, HOSTS)
+            lines.append(
+                describe(
+                    f"{label}: trivial FastAPI endpoint with a {LARGE_BODY:,}-byte body, {HOSTS} connections",
+                    large,
+                    cpu(large),
+                )
+            )
+            repeated = shards_paths("r64", 50_000, 1_000, "base64")
+            load(port, repeated, HOSTS)  # fills the step cache (1,024 entries)
+            cases += [
+                ("ints, every (host, step) new", shards_paths("r64", 250_000, requests, "ints")),
+                ("base64, step cache hits", (repeated * (requests // len(repeated) + 1))[:requests]),
+            ]
+        for case, paths in cases:
+            result = timed(server, port, paths, HOSTS, generator)
+            lines.append(
+                describe(
+                    f"{label}: /shards {case}, {HOSTS} connections, 64 shards/task",
+                    result,
+                    f" = {result['rate'] / ceiling['rate']:.0%} of the trivial endpoint's throughput{cpu(result)}",
+                )
+            )
     return lines
 
 
@@ -397,7 +491,7 @@ def run(requests: int) -> list[str]:
             OUT / "trivial.log",
         )
         try:
-            lines += measure(port, trivial_port, requests)
+            lines += measure(server, port, trivial, trivial_port, requests)
         finally:
             stop(trivial)
     finally:
@@ -417,12 +511,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000, help="requests of each throughput run")
     parser.add_argument("--write", action="store_true", help="write the figures into BENCHMARKS.md")
     parser.add_argument(
-        "--client", nargs=2, type=int, metavar=("PORT", "CONCURRENCY"), help=argparse.SUPPRESS
+        "--client", nargs=3, metavar=("PORT", "CONCURRENCY", "GENERATOR"), help=argparse.SUPPRESS
     )
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
-        print(json.dumps(asyncio.run(_client(args.client[0], json.loads(sys.stdin.read()), args.client[1]))))
+        port, concurrency, generator = int(args.client[0]), int(args.client[1]), args.client[2]
+        paths = json.loads(sys.stdin.read())
+        if generator == "httpx":
+            print(json.dumps(_httpx_client(port, paths, concurrency)))
+        else:
+            print(json.dumps(asyncio.run(_client(port, paths, concurrency))))
         return
     if args.serve_trivial:
         serve_trivial(args.serve_trivial)

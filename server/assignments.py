@@ -1,10 +1,16 @@
-"""``/shards`` answers as bytes: ``taskdata.index.assign`` results shaped into JSON, one step at a time.
+"""``/shards`` answers as bytes: the index math of ``taskdata.index`` shaped into JSON, one step at a time.
 
-The answer is pre-shaped JSON text (no pydantic validation of the payload on the hot path;
-``server.models.ShardsResponse`` documents the same shape, and the tests validate answers against it).
-Each step's JSON depends only on (run, data shard, step), so it is cached by that key in a bounded LRU:
-a lookahead window that slides by one step costs one new step, and hosts sharing a data shard share
-the work. Nothing in an answer differs between processes, so any replica returns the same bytes.
+A step is computed once for its whole global batch: ``example_arrays`` over every position, then the
+read runs of every (data shard, task) in one grouped pass, their byte ranges in one gather per task
+(``StepColumns``). Each host's answer is cut from that, so the 8 or 800 hosts of a step share its index
+math and each answer only formats its own slice.
+
+The answer is pre-shaped JSON text (no pydantic on the hot path; ``server.models.ShardsResponse``
+documents the same shape, and the tests validate answers against it). Reads are columns of integers,
+written as JSON arrays (``encoding=ints``) or as base64 of little-endian int64 (``encoding=base64``:
+what the trainer client asks for; ~10x cheaper to write and to read than decimal text). Each step's
+JSON depends only on (run, data shard, step, encoding), so it is kept by that key in a bounded LRU;
+nothing in it differs between processes, so any replica returns the same bytes.
 """
 
 from __future__ import annotations
@@ -14,95 +20,104 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Literal
 
-from taskdata.index import (
-    ExampleArrays,
-    RunPlan,
-    example_arrays,
-    examples_at,
-    fits_int64,
-    read_runs,
-    slice_positions,
-)
+import numpy as np
+
+from taskdata.index import RunPlan, example_arrays, examples_at, fits_int64, read_runs, slice_positions
+from taskdata.int_columns import base64_int64
 from taskdata.runs import ResolvedCache, StoredRun
 
-__all__ = ["AnswerCache", "shards_body", "step_json"]
+__all__ = ["ENCODINGS", "READ_COLUMNS", "AnswerCache", "Encoding", "StepColumns", "shards_body", "step_json"]
 
-# Steps whose whole-batch index arrays are kept: a lookahead window (<= 64 steps) of a few runs.
-_STEP_ARRAYS = 256
+Encoding = Literal["ints", "base64"]
+ENCODINGS: tuple[Encoding, ...] = ("ints", "base64")
+
+# Steps whose columns are kept: a lookahead window (<= 64 steps) of a few runs; ~100 KB each at 2,048.
+_STEP_COLUMNS = 128
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode
 
 
-def step_json(
-    run: StoredRun, caches: Sequence[ResolvedCache], data_shard: int, step: int, memory: AnswerCache
-) -> bytes:
-    """The JSON of one step (``server.models.StepReads``) for one data shard.
+READ_COLUMNS = ("shard", "first_record", "count", "byte_offset", "byte_length")
 
-    Hosts ask for the same steps at about the same time, so the index math of a step is done once for
-    the whole global batch (one ``example_arrays`` call, kept in a small cache) and each host's slice,
-    a contiguous range of the step's positions, is cut from it; each answer formats only its own slice.
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StepColumns:
+    """The reads of one step for every data shard (a "part") and task, as int64 columns.
+
+    ``reads`` has one row per name of ``READ_COLUMNS`` and one column per read, little-endian (so a row
+    slice is already the bytes ``encoding=base64`` writes). The reads of part ``p`` and task ``t`` are
+    columns ``bounds[g]`` to ``bounds[g + 1]``, with ``g = p * num_tasks + t``; the distinct shards they
+    read, ascending, are ``file_shards[file_bounds[g]:file_bounds[g + 1]]``. ``tasks`` is every
+    example's task index, in order; part ``p`` holds examples ``p * per_part`` up to ``(p + 1) * per_part``.
     """
-    plan = run.plan
-    positions = slice_positions(plan, step, data_shard)
-    skipped = plan.is_skipped(step)
-    if skipped:
-        per_task, order = [[] for _ in caches], []
-    else:
-        arrays = memory.step_arrays(run.name, plan, step)
-        if arrays is None:
-            per_task, order = _scalar_reads(plan, positions, len(caches), memory)
-        else:
-            a, b = positions.start - arrays.start, positions.stop - arrays.start
-            per_task, order = _array_reads(_cut(arrays, a, b), len(caches))
-    return _format_step(plan, step, skipped, positions, caches, per_task, order, memory)
+
+    num_tasks: int
+    per_part: int
+    bounds: list[int]
+    reads: np.ndarray
+    file_bounds: list[int]
+    file_shards: list[int]
+    tasks: np.ndarray
+
+    @classmethod
+    def from_runs(
+        cls,
+        caches: Sequence[ResolvedCache],
+        num_parts: int,
+        per_part: int,
+        runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        tasks: np.ndarray,
+    ) -> StepColumns:
+        """From grouped read runs ``(bounds, shards, first_records, counts)`` (as ``grouped_runs`` gives)."""
+        bounds, shards, firsts, counts = runs
+        num_tasks = len(caches)
+        groups = num_parts * num_tasks
+        group_of_run = np.repeat(np.arange(groups), np.diff(bounds))
+        reads = np.empty((len(READ_COLUMNS), len(shards)), "<i8")
+        reads[0], reads[1], reads[2] = shards, firsts, counts
+        task_of_run = group_of_run % num_tasks
+        for t, cache in enumerate(caches):
+            mine = np.flatnonzero(task_of_run == t)
+            reads[3, mine], reads[4, mine] = cache.byte_ranges(shards[mine], firsts[mine], counts[mine])
+        # Distinct (group, shard) pairs, sorted: each group's shard files, ascending.
+        stride = max((len(cache.shard_uris) for cache in caches), default=1)
+        pairs = np.sort(group_of_run * stride + shards)
+        if len(pairs):
+            pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
+        file_bounds = np.searchsorted(pairs // stride, np.arange(groups + 1))
+        return cls(
+            num_tasks=num_tasks,
+            per_part=per_part,
+            bounds=bounds.tolist(),
+            reads=reads,
+            file_bounds=file_bounds.tolist(),
+            file_shards=(pairs % stride).tolist(),
+            tasks=tasks.astype("<i8", copy=False),
+        )
 
 
-def _format_step(plan: RunPlan, step: int, skipped: bool, positions: range, caches: Sequence[ResolvedCache],
-                 per_task: list[list[list[int]]], order: list[int], memory: AnswerCache) -> bytes:
-    # Pre-shaped JSON: every value is an int or a string encoded once per cache version, so plain
-    # formatting yields exactly what json.dumps would (tests parse and validate every answer).
-    tasks = []
-    for cache, reads in zip(caches, per_task, strict=True):
-        encoded = memory.encoded(cache)
-        shaped = []
-        for shard, first, count in reads:
-            offsets = encoded.offsets[shard]
-            start = offsets[first]
-            shaped.append(
-                f'{{"shard":{shard},"uri":{encoded.uris[shard]},"first_record":{first},"count":{count},'
-                f'"byte_offset":{start},"byte_length":{offsets[first + count] - start}}}'
-            )
-        tasks.append(f'{{"task":{encoded.task},"version":{encoded.version},"reads":[{",".join(shaped)}]}}')
-    return (
-        f'{{"step":{step},"skipped":{"true" if skipped else "false"},'
-        f'"global_batch_size":{plan.schedule.batch_size(step)},'
-        f'"positions":{{"start":{positions.start},"stop":{positions.stop}}},'
-        f'"tasks":[{",".join(tasks)}],"order":[{",".join(map(str, order))}]}}'
-    ).encode()
+def step_columns(plan: RunPlan, caches: Sequence[ResolvedCache], step: int) -> StepColumns | None:
+    """The whole global batch of ``step``, every data shard at once (None past int64: ``_scalar_columns``)."""
+    positions = plan.schedule.positions(step)
+    if not fits_int64(plan, positions):
+        return None
+    arrays = example_arrays(plan, positions)
+    parts = plan.num_data_shards
+    runs = arrays.grouped_runs(parts, len(caches))
+    return StepColumns.from_runs(caches, parts, len(arrays) // parts, runs, arrays.tasks)
 
 
-def _cut(arrays: ExampleArrays, a: int, b: int) -> ExampleArrays:
-    return ExampleArrays(arrays.start + a, arrays.tasks[a:b], arrays.epochs[a:b], arrays.indices[a:b],
-                         arrays.shards[a:b], arrays.records[a:b])
-
-
-def _array_reads(arrays: ExampleArrays, num_tasks: int) -> tuple[list[list[list[int]]], list[int]]:
-    """Per task, its reads ``[shard, first record, count]``; and each example's task index, in order.
+def _scalar_columns(
+    plan: RunPlan, caches: Sequence[ResolvedCache], positions: range, memory: AnswerCache
+) -> StepColumns:
+    """One data shard's ``StepColumns`` (a single part) for positions beyond int64, by the exact scalar chain.
 
     Within a task, consecutive records make one read even when other tasks' examples fall between
-    them: one ranged read per task and shard where the records are consecutive.
+    them, as in ``grouped_runs``. Shards and records are small numbers whatever the position.
     """
-    per_task = []
-    for t in range(num_tasks):
-        _, shards, firsts, counts = arrays.runs(t)
-        per_task.append([list(r) for r in zip(shards.tolist(), firsts.tolist(), counts.tolist(), strict=True)])
-    return per_task, arrays.tasks.tolist()
-
-
-def _scalar_reads(plan: RunPlan, positions: range, num_tasks: int, memory: AnswerCache) -> tuple[list[list[list[int]]], list[int]]:
-    """``_array_reads`` for positions beyond int64, through the exact scalar chain."""
     index = memory.task_indices(plan)
-    per_task: list[list[list[int]]] = [[] for _ in range(num_tasks)]
+    per_task: list[list[list[int]]] = [[] for _ in caches]
     order: list[int] = []
     for read in read_runs(examples_at(plan, positions)):
         t = index[read.task]
@@ -112,7 +127,66 @@ def _scalar_reads(plan: RunPlan, positions: range, num_tasks: int, memory: Answe
             reads[-1][2] += read.count
         else:
             reads.append([read.shard, read.first_record, read.count])
-    return per_task, order
+    table = np.array([r for reads in per_task for r in reads], np.int64).reshape(-1, 3)
+    bounds = np.cumsum([0] + [len(reads) for reads in per_task])
+    runs = (bounds, table[:, 0], table[:, 1], table[:, 2])
+    return StepColumns.from_runs(caches, 1, len(positions), runs, np.array(order, np.int64))
+
+
+def step_json(
+    run: StoredRun,
+    caches: Sequence[ResolvedCache],
+    data_shard: int,
+    step: int,
+    memory: AnswerCache,
+    encoding: Encoding = "ints",
+) -> bytes:
+    """The JSON of one step (``server.models.StepReads``) for one data shard."""
+    plan = run.plan
+    positions = slice_positions(plan, step, data_shard)
+    skipped = plan.is_skipped(step)
+    part = data_shard
+    if skipped:
+        columns, part = memory.empty_columns(caches), 0
+    else:
+        columns = memory.step_columns(run.name, plan, caches, step)
+        if columns is None:
+            columns, part = _scalar_columns(plan, caches, positions, memory), 0
+    tasks = []
+    write = _base64_column if encoding == "base64" else _int_column
+    reads = columns.reads
+    for t, cache in enumerate(caches):
+        encoded = memory.encoded(cache)
+        g = part * columns.num_tasks + t
+        a, b = columns.bounds[g], columns.bounds[g + 1]
+        files = ",".join(
+            [
+                encoded.files[s]
+                for s in columns.file_shards[columns.file_bounds[g] : columns.file_bounds[g + 1]]
+            ]
+        )
+        tasks.append(
+            f'{{"task":{encoded.task},"version":{encoded.version},"files":[{files}],"reads":{{'
+            f'"shard":{write(reads[0, a:b])},"first_record":{write(reads[1, a:b])},"count":{write(reads[2, a:b])},'
+            f'"byte_offset":{write(reads[3, a:b])},"byte_length":{write(reads[4, a:b])}}}}}'
+        )
+    order = columns.tasks[part * columns.per_part : (part + 1) * columns.per_part]
+    # Every value is an int, or a string encoded once per cache version: plain formatting yields
+    # exactly what json.dumps would (tests parse and compare every answer).
+    return (
+        f'{{"step":{step},"skipped":{"true" if skipped else "false"},'
+        f'"global_batch_size":{plan.schedule.batch_size(step)},'
+        f'"positions":{{"start":{positions.start},"stop":{positions.stop}}},'
+        f'"tasks":[{",".join(tasks)}],"order":{write(order)}}}'
+    ).encode()
+
+
+def _int_column(values: np.ndarray) -> str:
+    return f"[{','.join(map(str, values.tolist()))}]"
+
+
+def _base64_column(values: np.ndarray) -> str:
+    return f'"{base64_int64(values)}"'
 
 
 def shards_body(run: StoredRun, host: int, num_hosts: int, data_shard: int, steps: Sequence[bytes]) -> bytes:
@@ -133,33 +207,34 @@ def shards_body(run: StoredRun, host: int, num_hosts: int, data_shard: int, step
 
 @dataclasses.dataclass(frozen=True)
 class _Encoded:
-    task: str
+    task: str  # JSON strings
     version: str
-    uris: tuple[str, ...]
-    offsets: tuple[memoryview, ...]
+    files: tuple[str, ...]  # per shard, its JSON object {"shard": ..., "uri": ...}
 
 
 class AnswerCache:
     """What the server remembers to answer fast, all of it pure functions of immutable inputs.
 
-    - serialized steps, a bounded, thread-safe LRU keyed by (run name, data shard, step); run names
-      are safe keys because a run's plan never changes once created (``taskdata.runs.RunStore``);
-    - per cache version, its task name, version and shard URIs as JSON strings (encoded once), and
-      its offset tables as memoryviews (no copy; indexing one gives a Python int ~7x faster than numpy);
+    - serialized steps, a bounded, thread-safe LRU keyed by (run name, data shard, step, encoding);
+      run names are safe keys because a run's plan never changes once created (``taskdata.runs.RunStore``)
+      and the caches it pins are found by manifest hash;
+    - each step's ``StepColumns`` for all its data shards, in a small LRU keyed by (run name, step);
+    - per cache version, its task name, version and shard files as JSON text (encoded once);
     - per plan, task name -> index.
     """
 
     def __init__(self, max_entries: int):
         self._max = max_entries
-        self._entries: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, int, int, str], bytes] = OrderedDict()
         self._lock = threading.Lock()
         self._encoded: dict[tuple[str, str], _Encoded] = {}
-        self._arrays: OrderedDict[tuple[str, int], ExampleArrays] = OrderedDict()
+        self._columns: OrderedDict[tuple[str, int], StepColumns] = OrderedDict()
         self._indices: dict[str, dict[str, int]] = {}
+        self._empty: dict[int, StepColumns] = {}
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: tuple[str, int, int]) -> bytes | None:
+    def get(self, key: tuple[str, int, int, str]) -> bytes | None:
         with self._lock:
             value = self._entries.get(key)
             if value is None:
@@ -169,7 +244,7 @@ class AnswerCache:
                 self._entries.move_to_end(key)
             return value
 
-    def put(self, key: tuple[str, int, int], value: bytes) -> None:
+    def put(self, key: tuple[str, int, int, str], value: bytes) -> None:
         if self._max == 0:
             return
         with self._lock:
@@ -188,34 +263,42 @@ class AnswerCache:
             found = _Encoded(
                 task=_dumps(cache.task),
                 version=_dumps(cache.version),
-                uris=tuple(map(_dumps, cache.shard_uris)),
-                offsets=tuple(map(memoryview, cache.offsets)),
+                files=tuple(_dumps({"shard": i, "uri": uri}) for i, uri in enumerate(cache.shard_uris)),
             )
             self._encoded[key] = found
         return found
 
-    def step_arrays(self, run_name: str, plan: RunPlan, step: int) -> ExampleArrays | None:
-        """The whole global batch of ``step`` as index arrays (None past int64), from a small LRU."""
+    def step_columns(
+        self, run_name: str, plan: RunPlan, caches: Sequence[ResolvedCache], step: int
+    ) -> StepColumns | None:
+        """``step_columns`` of ``step``, from a small LRU (two threads may both compute: equal results)."""
         key = (run_name, step)
         with self._lock:
-            found = self._arrays.get(key)
+            found = self._columns.get(key)
             if found is not None:
-                self._arrays.move_to_end(key)
+                self._columns.move_to_end(key)
                 return found
-        positions = plan.schedule.positions(step)
-        if not fits_int64(plan, positions):
-            return None
-        arrays = example_arrays(plan, positions)
-        with self._lock:
-            self._arrays[key] = arrays
-            while len(self._arrays) > _STEP_ARRAYS:
-                self._arrays.popitem(last=False)
-        return arrays
+        columns = step_columns(plan, caches, step)
+        if columns is not None:
+            with self._lock:
+                self._columns[key] = columns
+                while len(self._columns) > _STEP_COLUMNS:
+                    self._columns.popitem(last=False)
+        return columns
 
-    def clear_step_arrays(self) -> None:
-        """Forgets every step's index arrays (benchmarks use it to time a step's index math alone)."""
+    def clear_step_columns(self) -> None:
+        """Forgets every step's columns (benchmarks use it to time a step's index math alone)."""
         with self._lock:
-            self._arrays.clear()
+            self._columns.clear()
+
+    def empty_columns(self, caches: Sequence[ResolvedCache]) -> StepColumns:
+        """No reads of any task (a skipped step)."""
+        found = self._empty.get(len(caches))
+        if found is None:
+            nothing = np.zeros(0, np.int64)
+            runs = (np.zeros(len(caches) + 1, np.int64), nothing, nothing, nothing)
+            found = self._empty[len(caches)] = StepColumns.from_runs(caches, 1, 0, runs, nothing)
+        return found
 
     def task_indices(self, plan: RunPlan) -> dict[str, int]:
         found = self._indices.get(plan.fingerprint())

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from taskdata.int_columns import column_values
 
 __all__ = [
+    "BASE64_PATTERN",
     "MAX_BATCH_SIZE",
     "MAX_HOSTS",
     "MAX_LOOKAHEAD",
@@ -26,13 +29,15 @@ __all__ = [
     "MixtureComponent",
     "PlanModel",
     "PositionRange",
-    "Read",
+    "ReadColumns",
     "RunCreate",
     "RunDetail",
     "RunList",
     "RunSummary",
     "ScheduleModel",
     "ScheduleRequest",
+    "ShardFile",
+    "ShardsQuery",
     "ShardsResponse",
     "StepReads",
     "TaskCacheModel",
@@ -50,6 +55,7 @@ MAX_BATCH_SIZE = 1 << 30
 MAX_SEED = 2**63 - 1
 # taskdata.names' rule; the server also rejects '..' inside a name (validate_name), with its message.
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:]*$"
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 Count = Annotated[int, Field(ge=0)]
@@ -70,25 +76,84 @@ class Health(_Model):
 # --- /shards -----------------------------------------------------------------------------------
 
 
-class Read(_Model):
-    """Records ``[first_record, first_record + count)`` of one cache shard: one ranged read."""
+class ShardsQuery(_Model):
+    """The query parameters of ``GET /shards`` (unknown parameters are refused, so a typo is an error)."""
 
+    host: int = Field(ge=0, lt=MAX_HOSTS, description="Host index in [0, num_hosts).")
+    step: int = Field(ge=0, le=MAX_STEP, description="First step of the window.")
+    steps: int = Field(1, ge=1, le=MAX_LOOKAHEAD, description="Number of steps (lookahead).")
+    run: Name | None = Field(None, description="Run name (default: the default run).")
+    num_hosts: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_HOSTS,
+        description="Hosts reading the run: a multiple of its num_data_shards (default: num_data_shards).",
+    )
+    encoding: Literal["ints", "base64"] = Field(
+        "ints",
+        description="How integer columns (reads, order) are written: JSON arrays of integers, or base64 of "
+        "their little-endian int64 bytes (compact and fast to decode; what the trainer client uses).",
+    )
+
+
+Base64Int64 = Annotated[
+    str,
+    Field(
+        pattern=BASE64_PATTERN,
+        description="encoding=base64: the column's values as little-endian int64, base64-encoded (RFC 4648).",
+    ),
+]
+
+
+class ShardFile(_Model):
     shard: Count = Field(description="Shard index within the task's split.")
     uri: str = Field(description="The shard file (local path or gs:// URL) inside the pinned cache version.")
-    first_record: Count
-    count: Annotated[int, Field(ge=1)]
-    byte_offset: Count = Field(
+
+
+class ReadColumns(_Model):
+    """One task's reads for a step, as columns: read ``i`` is records ``[first_record[i],
+    first_record[i] + count[i])`` of shard ``shard[i]``, one ranged read of ``byte_length[i]`` bytes at
+    ``byte_offset[i]``. All columns have the same length; the reads are in the order the host uses them."""
+
+    shard: list[Count] | Base64Int64 = Field(description="Shard index of each read (its file is in `files`).")
+    first_record: list[Count] | Base64Int64
+    count: list[Annotated[int, Field(ge=1)]] | Base64Int64 = Field(description="Records of each read.")
+    byte_offset: list[Count] | Base64Int64 = Field(
         description="Byte offset of first_record in the shard (from its offsets sidecar)."
     )
-    byte_length: Annotated[int, Field(ge=16)] = Field(description="Bytes of the `count` framed records.")
+    byte_length: list[Annotated[int, Field(ge=16)]] | Base64Int64 = Field(
+        description="Bytes of the `count` framed records."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ReadColumns:
+        values = {name: column_values(getattr(self, name)) for name in type(self).model_fields}
+        lengths = {name: len(column) for name, column in values.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"read columns must have one length, but have {lengths}")
+        minimum = {"shard": 0, "first_record": 0, "count": 1, "byte_offset": 0, "byte_length": 16}
+        for name, column in values.items():
+            if column and min(column) < minimum[name]:
+                raise ValueError(f"read column {name} holds {min(column)}, below its minimum {minimum[name]}")
+        return self
 
 
 class TaskReads(_Model):
     task: str
     version: str = Field(description="Cache version folder whose manifest sha256 the run pins.")
-    reads: list[Read] = Field(
+    files: list[ShardFile] = Field(
+        description="The shard files this step reads, by shard index: each shard of `reads` once."
+    )
+    reads: ReadColumns = Field(
         description="This task's records for this step, in the order the host uses them."
     )
+
+    @model_validator(mode="after")
+    def _files_cover_reads(self) -> TaskReads:
+        shards, read = [f.shard for f in self.files], sorted(set(column_values(self.reads.shard)))
+        if shards != read:
+            raise ValueError(f"files name shards {shards} but the reads are of shards {read}")
+        return self
 
 
 class PositionRange(_Model):
@@ -106,7 +171,7 @@ class StepReads(_Model):
         description="Positions of the run's example stream this data shard covers."
     )
     tasks: list[TaskReads] = Field(description="One entry per task of the run, in the run's task order.")
-    order: list[Count] = Field(
+    order: list[Count] | Base64Int64 = Field(
         description="For each example of the host's batch, in order, the index into `tasks` it comes from; "
         "each task's examples are its reads' records, consumed in order."
     )

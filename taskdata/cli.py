@@ -363,6 +363,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         access_log=not args.no_access_log,
         log_level="info",
         workers=1,
+        http="httptools",  # a declared dependency; uvloop is picked too where it is installed
     )
     return 0
 

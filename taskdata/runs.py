@@ -18,6 +18,7 @@ offsets in memory (8 bytes per record); a verification failure is remembered too
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import threading
@@ -262,6 +263,11 @@ class ResolvedCache:
     shard_uris: tuple[str, ...] = dataclasses.field(repr=False)
     offsets: tuple[np.ndarray, ...] = dataclasses.field(repr=False)
 
+    # Every shard's offset table end to end (int64), and where each shard's table starts in it: one
+    # array lookup finds the bytes of any number of reads (``byte_ranges``). ``offsets`` are views of it.
+    flat_offsets: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
+    table_starts: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         counts = self.manifest.split(self.split).record_counts
         if len(self.shard_uris) != len(counts) or len(self.offsets) != len(counts):
@@ -275,12 +281,32 @@ class ResolvedCache:
                 raise CacheUnavailableError(
                     self.task, f"shard {shard} has {count} records but {len(table) - 1} offsets."
                 )
+        # One copy, then the per-shard tables become views of it: memory stays one table per record.
+        tables = [np.asarray(table, dtype=np.int64) for table in self.offsets]
+        flat = np.concatenate(tables) if tables else np.zeros(0, np.int64)
+        flat.flags.writeable = False
+        starts = np.zeros(len(tables) + 1, np.int64)
+        np.cumsum([len(table) for table in tables], out=starts[1:])
+        object.__setattr__(self, "flat_offsets", flat)
+        object.__setattr__(self, "table_starts", starts[:-1])
+        object.__setattr__(self, "offsets", tuple(flat[a:b] for a, b in itertools.pairwise(starts.tolist())))
 
     def byte_range(self, shard: int, first_record: int, count: int) -> tuple[int, int]:
         """(byte offset, byte length) of records ``[first_record, first_record + count)`` of ``shard``."""
         table = self.offsets[shard]
         start = int(table[first_record])
         return start, int(table[first_record + count]) - start
+
+    def byte_ranges(
+        self, shards: np.ndarray, first_records: np.ndarray, counts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``byte_range`` of many reads at once (int64 arrays in, byte offsets and lengths out).
+
+        The reads must lie inside their shards (as the index math's do); that is not checked here.
+        """
+        at = self.table_starts[shards] + first_records
+        starts = self.flat_offsets[at]
+        return starts, self.flat_offsets[at + counts] - starts
 
 
 class CacheResolver:

@@ -160,6 +160,30 @@ def test_per_task_runs_equal_read_runs_of_each_task_alone(plan: RunPlan, step: i
             for t, s, f, c in zip(tasks, shards, firsts, counts, strict=True)
         ]
         assert tuple(got) == reference_runs(tuple(e for e in examples if e.task == name))
+    # Every part (data shard) and task at once, as the server cuts a step: equal to each part alone.
+    third = len(arrays) // 3
+    part = arrays.cut(third, len(arrays) - third)
+    assert part.positions == range(positions.start + third, positions.stop - third)
+    assert part.records.tolist() == arrays.records[third : len(arrays) - third].tolist()
+    num_tasks = len(plan.task_names)
+    for num_parts in sorted({1, 2, 3, plan.num_data_shards}):
+        if len(arrays) % num_parts:
+            continue
+        bounds, shards, firsts, counts = arrays.grouped_runs(num_parts, num_tasks)
+        size = len(arrays) // num_parts
+        for p in range(num_parts):
+            for task in range(num_tasks):
+                a, b = bounds[p * num_tasks + task], bounds[p * num_tasks + task + 1]
+                alone = arrays.cut(p * size, (p + 1) * size).runs(task)[1:]
+                got = (shards[a:b], firsts[a:b], counts[a:b])
+                assert [x.tolist() for x in got] == [x.tolist() for x in alone], (num_parts, p, task)
+
+
+def test_grouped_runs_need_equal_parts() -> None:
+    plan = make_plan({"c4": (1000,) * 4}, schedule=BatchSchedule.constant(512), num_data_shards=4)
+    arrays = example_arrays(plan, plan.schedule.positions(1))
+    with pytest.raises(PlanError, match="512 examples cannot be cut into 3 equal parts"):
+        arrays.grouped_runs(3, 1)
 
 
 def test_read_runs_of_a_single_task_in_epoch_zero_are_long() -> None:

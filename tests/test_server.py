@@ -6,6 +6,7 @@ ramp 4 -> 8 over 6 steps, 2 data shards, steps [2, 4) skipped), both from the ru
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -14,14 +15,18 @@ import time
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from server import assignments
+from server.assignments import AnswerCache, step_json
 from server.main import create_app
-from server.models import MAX_STEP, ShardsResponse
+from server.models import MAX_STEP, ReadColumns, ShardsResponse, TaskReads
 from server.settings import Settings, get_settings
 from taskdata.index import BatchSchedule, RunPlan, SkipRange, assign, global_batch, slice_positions
+from taskdata.int_columns import column_values
 from taskdata.runs import build_run
 from taskdata.tfrecord import iter_records
 from tests.test_runs import copy_caches, current_dir, make_registry, mix_run, shared_caches
@@ -78,11 +83,21 @@ def examples_of(step: dict) -> list[tuple[str, int, int]]:
     for task in step["tasks"]:
         queue = [
             (task["task"], r["shard"], r["first_record"] + i)
-            for r in task["reads"]
+            for r in reads_of(task)
             for i in range(r["count"])
         ]
         queues.append(iter(queue))
     return [next(queues[i]) for i in step["order"]]
+
+
+def reads_of(task: dict) -> list[dict]:
+    """A task's read columns as one dict per read, with its shard's URI from ``files``."""
+    uris = {f["shard"]: f["uri"] for f in task["files"]}
+    columns = task["reads"]
+    return [
+        {**{name: values[i] for name, values in columns.items()}, "uri": uris[columns["shard"][i]]}
+        for i in range(len(columns["shard"]))
+    ]
 
 
 def test_shards_follow_the_index_math_and_the_offsets_sidecars(client, env):
@@ -105,7 +120,7 @@ def test_shards_follow_the_index_math_and_the_offsets_sidecars(client, env):
             assert examples_of(step) == [(e.task, e.shard, e.record) for e in expected.examples]
             for task in step["tasks"]:
                 assert task["version"] == current_dir(env.root, task["task"]).name
-                for read in task["reads"]:
+                for read in reads_of(task):
                     uri = Path(read["uri"])
                     assert uri.parent == current_dir(env.root, task["task"]).resolve()
                     with open(uri, "rb") as f:
@@ -125,12 +140,90 @@ def test_answers_are_compact_canonical_json(client):
         assert json.dumps(json.loads(body), separators=(",", ":")).encode() == body
 
 
+def as_ints(answer: dict) -> dict:
+    """An ``encoding=base64`` answer with every column decoded to a list of integers."""
+    steps = []
+    for step in answer["steps"]:
+        tasks = [
+            {**task, "reads": {name: column_values(column) for name, column in task["reads"].items()}}
+            for task in step["tasks"]
+        ]
+        steps.append({**step, "tasks": tasks, "order": column_values(step["order"])})
+    return {**answer, "steps": steps}
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"host": 0, "step": 0, "steps": 3},
+        {"host": 1, "step": 0, "steps": 7, "run": "solo"},  # ramp, skipped steps
+        {"host": 3, "step": 10**9, "steps": 2},
+        {"host": 2, "step": MAX_STEP},
+    ],
+)
+def test_base64_answers_hold_the_same_integers_as_int_answers(client, params):
+    ints = shards(client, **params)
+    packed = shards(client, **params, encoding="base64")
+    ShardsResponse.model_validate(packed)
+    assert isinstance(packed["steps"][0]["order"], str)
+    assert as_ints(packed) == ints
+
+
+def test_the_scalar_chain_past_int64_writes_the_same_answers_as_the_arrays(client, monkeypatch):
+    # Positions past 2**63 take the exact scalar chain; here it is forced on ordinary steps to compare.
+    state = client.app.state.server
+    cases = [("mix", d, s) for d in range(4) for s in (0, 1, 9, 10**6)] + [
+        ("solo", d, s) for d in (0, 1) for s in range(7)
+    ]
+    answers = {}
+    for fits in (True, False):
+        if not fits:
+            monkeypatch.setattr(assignments, "fits_int64", lambda plan, positions: False)
+        for name, data_shard, step in cases:
+            run, _ = state.find_run(name)
+            caches = state.resolver.cached(run) or state.resolver.resolve_run(run)
+            for encoding in ("ints", "base64"):
+                body = step_json(run, caches, data_shard, step, AnswerCache(0), encoding)
+                answers.setdefault((name, data_shard, step, encoding), []).append(body)
+    assert all(first == second for first, second in answers.values())
+    assert len({bodies[0] for bodies in answers.values()}) == len(answers)  # distinct cases, distinct answers
+
+
+def test_the_answer_model_refuses_inconsistent_columns():
+    good = {
+        "shard": [1, 1],
+        "first_record": [0, 5],
+        "count": [2, 1],
+        "byte_offset": [0, 90],
+        "byte_length": [40, 20],
+    }
+    ReadColumns.model_validate(good)
+    TaskReads.model_validate(
+        {"task": "t", "version": "v", "files": [{"shard": 1, "uri": "/x"}], "reads": good}
+    )
+    for bad, message in (
+        ({**good, "count": [2]}, "one length"),
+        ({**good, "count": [2, 0]}, "greater than or equal to 1"),
+        (
+            {**good, "count": base64.b64encode(np.array([2, 0], "<i8").tobytes()).decode()},
+            "below its minimum 1",
+        ),
+        ({**good, "shard": "AAAA"}, "whole int64 values"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            ReadColumns.model_validate(bad)
+    with pytest.raises(ValueError, match=r"files name shards \[0\] but the reads are of shards \[1\]"):
+        TaskReads.model_validate(
+            {"task": "t", "version": "v", "files": [{"shard": 0, "uri": "/x"}], "reads": good}
+        )
+
+
 def test_reads_merge_a_tasks_consecutive_records_across_other_tasks_examples(client, env):
     # Epoch 0 reads each task's cache in order: per step and task, one read unless a shard ends.
     step = shards(client, host=0, step=0)["steps"][0]
     assert len(set(step["order"])) > 1
     for task in step["tasks"]:
-        assert len(task["reads"]) <= 2
+        assert len(task["reads"]["shard"]) <= 2 and len(task["files"]) <= 2
 
 
 def test_hosts_share_data_shards_and_the_global_batch_does_not_depend_on_the_host_count(client, env):
@@ -156,7 +249,7 @@ def test_skipped_steps_read_nothing_and_leave_every_other_step_in_place(client, 
     assert [s["global_batch_size"] for s in answer["steps"]] == [4, 4, 4, 4, 4, 4, 8]
     for step in answer["steps"]:
         if step["skipped"]:
-            assert step["order"] == [] and all(t["reads"] == [] for t in step["tasks"])
+            assert step["order"] == [] and all(reads_of(t) == [] == t["files"] for t in step["tasks"])
             assert step["positions"]["stop"] - step["positions"]["start"] == 2  # positions stay reserved
         else:
             expected = assign(unskipped, step["step"], 1).examples
@@ -199,6 +292,8 @@ def test_without_a_default_run_the_run_parameter_is_required(env):
         ({"host": 0, "step": 0, "run": "a/b"}, 422, "run"),
         ({"host": 0, "step": 0, "run": "a..b"}, 400, "do not use '..'"),
         ({"host": 0, "step": 0, "run": "x" * 201}, 422, "run"),
+        ({"host": 0, "step": 0, "setps": 2}, 422, "setps"),  # a typo is an error, not a default
+        ({"host": 0, "step": 0, "encoding": "hex"}, 422, "encoding"),
     ],
 )
 def test_bad_parameters_are_client_errors_that_say_which_and_what_is_allowed(client, params, status, message):

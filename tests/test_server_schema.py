@@ -50,8 +50,12 @@ def test_every_parameter_is_bounded_and_every_operation_documents_its_errors():
                         path,
                         parameter,
                     )
+                elif "enum" in spec:
+                    assert spec["type"] == "string" and spec["enum"], (path, parameter)
                 else:
                     assert spec.get("maxLength") and spec.get("pattern"), (path, parameter)
+            if operation.get("parameters"):
+                assert "422" in operation["responses"], (path, method)
             if path != "/healthz":
                 assert "401" in operation["responses"] and operation["security"] == [{"HTTPBearer": []}], path
             assert "200" in operation["responses"] or "201" in operation["responses"], (path, method)

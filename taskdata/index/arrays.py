@@ -82,6 +82,39 @@ class ExampleArrays:
         counts[-1:] = len(tasks) - starts[-1:]
         return tasks[starts], shards[starts], records[starts], counts
 
+    def cut(self, a: int, b: int) -> ExampleArrays:
+        """The examples ``a .. b - 1`` of these (positions ``start + a ..``), as views."""
+        a, b, _ = slice(a, b).indices(len(self))
+        return ExampleArrays(
+            self.start + a,
+            self.tasks[a:b],
+            self.epochs[a:b],
+            self.indices[a:b],
+            self.shards[a:b],
+            self.records[a:b],
+        )
+
+    def grouped_runs(self, num_parts: int, num_tasks: int) -> tuple[np.ndarray, ...]:
+        """Read runs grouped by (part, task), for every part and task at once: one stable sort, one pass.
+
+        The examples are cut into ``num_parts`` equal consecutive parts (a step's data shards); the runs
+        of part ``p`` and task index ``t`` are ``cut(part p).runs(t)``. Returns ``(bounds, shards,
+        first_records, counts)``: those runs are entries ``bounds[p * num_tasks + t]`` up to
+        ``bounds[p * num_tasks + t + 1]`` of the three other arrays.
+        """
+        size = len(self)
+        if num_parts < 1 or size % num_parts:
+            raise PlanError(f"{size} examples cannot be cut into {num_parts} equal parts.")
+        group = np.arange(size) // max(1, size // num_parts) * num_tasks + self.tasks
+        by_group = np.argsort(group, kind="stable")
+        group, shards, records = group[by_group], self.shards[by_group], self.records[by_group]
+        starts = run_starts(group, shards, records)
+        counts = np.empty_like(starts)
+        counts[:-1] = starts[1:] - starts[:-1]
+        counts[-1:] = size - starts[-1:]
+        bounds = np.searchsorted(group[starts], np.arange(num_parts * num_tasks + 1))
+        return bounds, shards[starts], records[starts], counts
+
 
 def run_starts(tasks: np.ndarray, shards: np.ndarray, records: np.ndarray) -> np.ndarray:
     """Where read runs start: example 0, and every example that is not the record after the previous one.
