@@ -57,7 +57,7 @@ class StepColumns:
     bounds: list[int]
     reads: np.ndarray
     file_bounds: list[int]
-    file_shards: list[int]
+    file_shards: np.ndarray
     tasks: np.ndarray
 
     @classmethod
@@ -92,7 +92,7 @@ class StepColumns:
             bounds=bounds.tolist(),
             reads=reads,
             file_bounds=file_bounds.tolist(),
-            file_shards=(pairs % stride).tolist(),
+            file_shards=pairs % stride,
             tasks=tasks.astype("<i8", copy=False),
         )
 
@@ -159,12 +159,7 @@ def step_json(
         encoded = memory.encoded(cache)
         g = part * columns.num_tasks + t
         a, b = columns.bounds[g], columns.bounds[g + 1]
-        files = ",".join(
-            [
-                encoded.files[s]
-                for s in columns.file_shards[columns.file_bounds[g] : columns.file_bounds[g + 1]]
-            ]
-        )
+        files = encoded.files_json(columns.file_shards[columns.file_bounds[g] : columns.file_bounds[g + 1]])
         tasks.append(
             f'{{"task":{encoded.task},"version":{encoded.version},"files":[{files}],"reads":{{'
             f'"shard":{write(reads[0, a:b])},"first_record":{write(reads[1, a:b])},"count":{write(reads[2, a:b])},'
@@ -209,7 +204,20 @@ def shards_body(run: StoredRun, host: int, num_hosts: int, data_shard: int, step
 class _Encoded:
     task: str  # JSON strings
     version: str
-    files: tuple[str, ...]  # per shard, its JSON object {"shard": ..., "uri": ...}
+    # Row s: shard s's JSON object {"shard": s, "uri": ...} and a comma, NUL-padded to a fixed width.
+    # One gather copies the rows of any shards; with 65,536 shards that is ~5x faster than joining
+    # 65,536 separate strings, whose scattered objects each cost a cache miss.
+    files: np.ndarray
+
+    @classmethod
+    def of(cls, cache: ResolvedCache) -> _Encoded:
+        rows = [_dumps({"shard": i, "uri": uri}).encode() + b"," for i, uri in enumerate(cache.shard_uris)]
+        return cls(task=_dumps(cache.task), version=_dumps(cache.version), files=np.array(rows, dtype=bytes))
+
+    def files_json(self, shards: np.ndarray) -> str:
+        """The JSON objects of ``shards``' files, comma-separated (the text inside ``[...]``)."""
+        # JSON text here is ASCII (ensure_ascii) and holds no NUL byte: dropping NULs drops the padding.
+        return self.files[shards].tobytes().replace(b"\0", b"")[:-1].decode("ascii")
 
 
 class AnswerCache:
@@ -260,12 +268,7 @@ class AnswerCache:
         key = (cache.version_dir, cache.split)
         found = self._encoded.get(key)
         if found is None:  # two threads may both encode: equal results, so either one is right
-            found = _Encoded(
-                task=_dumps(cache.task),
-                version=_dumps(cache.version),
-                files=tuple(_dumps({"shard": i, "uri": uri}) for i, uri in enumerate(cache.shard_uris)),
-            )
-            self._encoded[key] = found
+            found = self._encoded[key] = _Encoded.of(cache)
         return found
 
     def step_columns(
