@@ -338,6 +338,7 @@ def in_process_breakdown(runs: list[dict], root: Path) -> list[str]:
         memory = AnswerCache(0)  # keeps no answers: every answer below is computed
         for cache in caches:
             memory.encoded(cache)  # once per process (the server does it while verifying)
+        step_columns(run.plan, caches, 0)  # builds the plan's layout tables, once per process
         for first in (10, 12_000, 10**9):
             steps = range(first, first + 25)
             started = time.perf_counter()
