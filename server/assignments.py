@@ -8,8 +8,9 @@ math and each answer only formats its own slice.
 The answer is pre-shaped JSON text (no pydantic on the hot path; ``server.models.ShardsResponse``
 documents the same shape, and the tests validate answers against it). Reads are columns of integers,
 written as JSON arrays (``encoding=ints``) or as base64 of little-endian int64 (``encoding=base64``,
-what the trainer client asks for: ~4x cheaper to write than decimal text). Each step's JSON depends only on (run, data shard, step, encoding), so it is kept by that key in a bounded LRU;
-nothing in it differs between processes, so any replica returns the same bytes.
+what the trainer client asks for: ~4x cheaper to write than decimal text). Each step's JSON depends
+only on (run, data shard, step, encoding), so it is kept by that key in a bounded LRU; nothing in it
+differs between processes, so any replica returns the same bytes.
 """
 
 from __future__ import annotations
