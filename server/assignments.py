@@ -20,18 +20,14 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Literal
 
 import numpy as np
 
 from taskdata.index import RunPlan, example_arrays, examples_at, fits_int64, read_runs, slice_positions
-from taskdata.int_columns import base64_int64
+from taskdata.int_columns import ColumnEncoding, base64_int64
 from taskdata.runs import ResolvedCache, StoredRun
 
-__all__ = ["ENCODINGS", "READ_COLUMNS", "AnswerCache", "Encoding", "StepColumns", "shards_body", "step_json"]
-
-Encoding = Literal["ints", "base64"]
-ENCODINGS: tuple[Encoding, ...] = ("ints", "base64")
+__all__ = ["READ_COLUMNS", "AnswerCache", "StepColumns", "shards_body", "step_json"]
 
 # Steps whose columns are kept: a lookahead window (<= 64 steps) of a few runs; ~100 KB each at 2,048.
 _STEP_COLUMNS = 128
@@ -139,7 +135,7 @@ def step_json(
     data_shard: int,
     step: int,
     memory: AnswerCache,
-    encoding: Encoding = "ints",
+    encoding: ColumnEncoding = "ints",
 ) -> bytes:
     """The JSON of one step (``server.models.StepReads``) for one data shard."""
     plan = run.plan

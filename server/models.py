@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from taskdata.int_columns import column_values
+from taskdata.int_columns import ColumnEncoding, column_values
 
 __all__ = [
     "BASE64_PATTERN",
@@ -89,7 +89,7 @@ class ShardsQuery(_Model):
         le=MAX_HOSTS,
         description="Hosts reading the run: a multiple of its num_data_shards (default: num_data_shards).",
     )
-    encoding: Literal["ints", "base64"] = Field(
+    encoding: ColumnEncoding = Field(
         "ints",
         description="How integer columns (reads, order) are written: JSON arrays of integers, or base64 of "
         "their little-endian int64 bytes (compact and fast to decode; what the trainer client uses).",

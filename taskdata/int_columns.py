@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+from typing import Literal
 
 import numpy as np
 
-__all__ = ["base64_int64", "column_values"]
+__all__ = ["ColumnEncoding", "base64_int64", "column_values"]
+
+# How a column of integers is written: a JSON list of integers, or base64 of little-endian int64.
+ColumnEncoding = Literal["ints", "base64"]
 
 
 def base64_int64(values: np.ndarray) -> str:

@@ -15,10 +15,11 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from server.assignments import AnswerCache, Encoding, shards_body, step_json
+from server.assignments import AnswerCache, shards_body, step_json
 from server.models import MAX_STEP, ErrorResponse, ShardsQuery, ShardsResponse
 from server.state import ServerState, get_state
 from taskdata.index import PlanError, data_shard_for_host
+from taskdata.int_columns import ColumnEncoding
 from taskdata.runs import StoredRun
 
 __all__ = ["router"]
@@ -146,6 +147,11 @@ async def _first_use(state: ServerState, run: StoredRun) -> tuple:
 
 
 def _compute(
-    run: StoredRun, caches: tuple, data_shard: int, steps: list[int], memory: AnswerCache, encoding: Encoding
+    run: StoredRun,
+    caches: tuple,
+    data_shard: int,
+    steps: list[int],
+    memory: AnswerCache,
+    encoding: ColumnEncoding,
 ) -> list[bytes]:
     return [step_json(run, caches, data_shard, s, memory, encoding) for s in steps]

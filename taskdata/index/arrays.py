@@ -256,7 +256,6 @@ class _Tables:
     record_base: np.ndarray  # per task: where its records start in the concatenation
     shard_base: np.ndarray  # per task: its first shard's number in the concatenation
     shard_starts: np.ndarray  # per concatenated shard
-    shard_ends: np.ndarray
     shard_finder: ShardFinder  # record index in the concatenation -> concatenated shard
     total_records: int
 
@@ -279,16 +278,13 @@ def _build_tables(plan: RunPlan) -> _Tables:
     total = sum(num_records)
     if total >= _INT64_LIMIT:
         empty = np.empty(0, np.int64)
-        return _Tables(empty, empty, empty, empty, empty, ShardFinder([]), total)
-    counts_per_task = [np.array(layout.record_counts, np.int64) for layout in plan.layouts]
-    counts = np.concatenate(counts_per_task)
-    ends = np.cumsum(counts)
+        return _Tables(empty, empty, empty, empty, ShardFinder([]), total)
+    finder = ShardFinder([np.array(layout.record_counts, np.int64) for layout in plan.layouts])
     return _Tables(
         num_records=np.array(num_records, np.int64),
-        record_base=np.cumsum([0, *num_records[:-1]], dtype=np.int64),
+        record_base=finder.record_bases,
         shard_base=np.cumsum([0, *(layout.num_shards for layout in plan.layouts[:-1])], dtype=np.int64),
-        shard_starts=ends - counts,
-        shard_ends=ends,
-        shard_finder=ShardFinder(counts_per_task),
+        shard_starts=np.concatenate(([0], finder.ends[:-1])),
+        shard_finder=finder,
         total_records=total,
     )
