@@ -1,0 +1,99 @@
+"""Golden bytes: a small cache's shards and a few ``/shards`` bodies, pinned so refactors cannot move them.
+
+Recipe (everything below is deterministic; change a pinned value only with a format or index-math
+version bump, and say why in the commit):
+
+- caches: ``tests.cache_tasks`` tasks ``toy_det`` and ``toy_random``, split train, seed 0, 3 shards
+  each, built with the in-process Beam runner (``tests.test_cache_job.build``);
+- run ``golden``: both tasks at rates 1:3, seed 5, global batch 16, 4 data shards;
+- ``/shards`` of host 1 of 4 at steps 0-1 (epoch 0), 100-101 (later epochs) and 10**15 (far out),
+  in both encodings; version folder names and the cache root are replaced by placeholders, because
+  they hold the build time and a temporary path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server.main import create_app
+from server.settings import Settings
+from taskdata.index import BatchSchedule, RunPlan, TaskCache
+from taskdata.reader import CacheReader
+from taskdata.runs import RunStore, StoredRun
+from tests.test_cache_job import build
+
+SHARD_SHA256 = {
+    "toy_det": [
+        "0828bc7b98ea203b3bab64af91fbad98c6cd59f90a33fa741989eb3188e1916d",
+        "a4a442db021b09709555a8a6e07e78e893fca64926b0d32d21c48e3de3dc466d",
+        "8858dbe6df67cbd023a182ea526acb82f40a983cddef6aca8e472fbe3bf08463",
+    ],
+    "toy_random": [
+        "f260bab576ee12cf62b504d3355ab53ff040a55972fc3a74597ff8e6fcbcb04e",
+        "934cbc7dfbb18bea53875f0320d950bfd79938e12ad22ed5746642424de68f5c",
+        "129f3dd8607fba7f928a4d1e303e41f97cbcca35ee8ec394f4d51522efd609d8",
+    ],
+}
+
+SHARDS_BODY_SHA256 = {
+    "0/ints": "1e7ef9a2bfe02789fa7c2eaa87ebbcf81db5214a3e12ba8a83aa02609546d907",
+    "0/base64": "ca62276ed705b0436a8513c07ac9bb51866899721febe452df6d7ad7c66a6275",
+    "100/ints": "7cfeae801aa7ee5f1bfeb31fed2e3313000a08c5fc05cfac173e6762125b18fd",
+    "100/base64": "2d4497f76cc7b249a8454ed26a9e038ad55cc1247e9f6f3ecf8955e6e816852f",
+    "1000000000000000/ints": "63f951c8588af31b832f2ce3e6f446cc6439e1bb9a3980c7d61270dd39235011",
+    "1000000000000000/base64": "7d3ec05c85ec2b0220602c1e03e21545a558cf39936b8757ce8bbbe2d55e9808",
+}
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    root = tmp_path_factory.mktemp("golden") / "caches"
+    dirs = {task: build(root, task=task, num_shards=3, splits=("train",)).version_dir for task in ("toy_det", "toy_random")}
+    readers = {task: CacheReader(d) for task, d in dirs.items()}
+    plan = RunPlan(
+        name="golden",
+        mixture="golden_mix",
+        caches={t: TaskCache(r.manifest_sha256, r.record_counts("train")) for t, r in readers.items()},
+        rates={"toy_det": 1, "toy_random": 3},
+        seed=5,
+        schedule=BatchSchedule(start=16, end=16),
+        num_data_shards=4,
+    )
+    RunStore(str(root)).create(StoredRun(plan))
+    return root, dirs
+
+
+def _shard_hashes(version_dir: str) -> list[str]:
+    return [
+        hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(Path(version_dir).glob("train.tfrecord-*"))
+    ]
+
+
+def _normalised(body: bytes, root: Path, dirs: dict[str, str]) -> bytes:
+    for version_dir in dirs.values():
+        body = body.replace(Path(version_dir).name.encode(), b"{version}")
+    return body.replace(str(root).encode(), b"{root}")
+
+
+def test_shard_bytes_are_pinned(golden):
+    _, dirs = golden
+    got = {task: _shard_hashes(d) for task, d in dirs.items()}
+    assert got == SHARD_SHA256
+
+
+@pytest.mark.parametrize("encoding", ["ints", "base64"])
+@pytest.mark.parametrize("step", [0, 100, 10**15])
+def test_shards_bodies_are_pinned(golden, step, encoding):
+    root, dirs = golden
+    app = create_app(Settings(cache_root=str(root)))
+    with TestClient(app) as client:
+        params = {"run": "golden", "host": 1, "num_hosts": 4, "step": step, "steps": 2, "encoding": encoding}
+        response = client.get("/shards", params=params)
+    assert response.status_code == 200, response.text
+    body = _normalised(response.content, root, dirs)
+    assert hashlib.sha256(body).hexdigest() == SHARDS_BODY_SHA256.get(f"{step}/{encoding}"), body[:400]
