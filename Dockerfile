@@ -2,7 +2,7 @@
 #   docker build -t taskdata .
 #   docker run --rm -v "$HOME/.cache/taskdata:/home/taskdata/.cache/taskdata" taskdata cache --task c4_span_corruption
 #   docker run --rm -p 8000:8000 -e TASKDATA_TOKEN=... taskdata serve --cache-root gs://BUCKET/cache --host 0.0.0.0
-#   docker run --rm --entrypoint python taskdata -m trainer_client.train --help
+#   docker run --rm --entrypoint python taskdata -m trainer_client.example.train --help
 FROM python:3.11.7-slim-bookworm
 
 ENV PIP_NO_CACHE_DIR=1 \

@@ -42,21 +42,24 @@ WARMUP = 5  # steps excluded from the figures: opening readers, first requests, 
 
 def ensure_cache(cache_root: str) -> None:
     from taskdata.beam.job import CacheOptions, run_cache_job
-    from taskdata.cache_format import current_version, task_dir
-    from taskdata.registry import default_registry
+    from taskdata.cache.format import current_version, task_dir
+    from taskdata.config import Config
+    from taskdata.tasks import default_registry
 
     if current_version(task_dir(cache_root, "c4_span_corruption")) is None:
-        options = CacheOptions(task="c4_span_corruption", output=cache_root, progress=False)
-        run_cache_job(options, default_registry(), log=lambda m: None)
+        config = Config.from_environment()
+        options = CacheOptions(task="c4_span_corruption", output=cache_root, progress=False, config=config)
+        run_cache_job(options, default_registry(config), log=lambda m: None)
 
 
 def ensure_run(cache_root: str, name: str, batch: int, hosts: int) -> None:
+    from taskdata.config import Config
     from taskdata.index import BatchSchedule
-    from taskdata.registry import default_registry
     from taskdata.runs import RunStore, build_run
+    from taskdata.tasks import default_registry
 
     run = build_run(
-        default_registry(),
+        default_registry(Config.from_environment()),
         cache_root,
         name=name,
         mixture="c4_span_corruption",
@@ -251,9 +254,9 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="write the figures to BENCHMARKS.md")
     parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    from taskdata.beam.job import default_cache_root
+    from taskdata.config import Config
 
-    args.cache_root = os.path.abspath(args.cache_root or default_cache_root())
+    args.cache_root = os.path.abspath(args.cache_root or Config.from_environment().cache_root)
     if args.worker:
         kind, mode, step_ms, host, hosts, url = args.worker
         result = measure(kind, mode, float(step_ms), args, url, run_name(args.host_batch, int(hosts)), int(host),

@@ -16,12 +16,12 @@ import tempfile
 import time
 
 from taskdata import metrics
+from taskdata.define.features import Feature
+from taskdata.define.task import Task
+from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.evaluation import evaluate
-from taskdata.features import Feature
 from taskdata.seeding import format_example_id
 from taskdata.sources import FunctionSource
-from taskdata.task import Task
-from taskdata.vocabularies import ByteVocabulary
 
 WORDS = tuple(
     [

@@ -1,7 +1,7 @@
 """Throughput of Tokenize and SpanCorruption on the same text, against bare sentencepiece.
 
 Text and vocabulary: the built-in corpus and the SentencePiece model trained on it
-(``taskdata.corpus``); if that module is missing, a model trained here on Python's pydoc topics.
+(``taskdata.tasks.corpus``); if that module is missing, a model trained here on Python's pydoc topics.
 Every figure is per core: tokens divided by the CPU time of this process (sentencepiece encodes a
 batch on several threads, so wall time would flatter it on a 2-core machine). The target is
 SpanCorruption costing at most 1/5 of Tokenize's time on the same text.
@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 
 import sentencepiece as spm
 
-from taskdata.features import Feature
+from taskdata.define.features import Feature
+from taskdata.define.vocabularies import SentencePieceVocabulary
 from taskdata.preprocessors import AppendEosAfterTrim, MaskedLM, PrefixLM, SpanCorruption, Tokenize
 from taskdata.preprocessors.base import ShardContext
-from taskdata.vocabularies import SentencePieceVocabulary
 
 SECTION = "## Preprocessors"
 
@@ -33,7 +33,7 @@ SECTION = "## Preprocessors"
 def builtin_texts(max_chars: int) -> tuple[list[str], str, str]:
     """(texts, vocabulary model path, where they came from)."""
     try:
-        from taskdata import corpus
+        from taskdata.tasks import corpus
     except ImportError:
         return pydoc_texts(max_chars)
     from taskdata.sources.c4 import C4Source
@@ -77,7 +77,7 @@ def pydoc_texts(max_chars: int) -> tuple[list[str], str, str]:
         total += len(text)
         if total >= max_chars:
             break
-    return out, path, "pydoc_data.topics (taskdata.corpus missing), a SentencePiece model trained here"
+    return out, path, "pydoc_data.topics (taskdata.tasks.corpus missing), a SentencePiece model trained here"
 
 
 def best_cpu_seconds(jobs: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:

@@ -32,9 +32,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from taskdata import example_codec, tfrecord
-from taskdata.example_codec import decode_example
-from taskdata.shard_reader import ShardReader
+from taskdata import example as example_codec
+from taskdata.cache import tfrecord
+from taskdata.cache.shard_reader import ShardReader
+from taskdata.example import decode_example
 
 SECTION = "## Reader"
 VOCAB = 32_100

@@ -55,7 +55,7 @@ LARGE_BODY = 48_862  # bytes of a /shards answer for one host at a step past epo
 
 def write_cache(root: Path, task: str, num_shards: int) -> Path:
     """One complete cache version of ``task`` (train split) with ``RECORDS[task]`` records; reused if present."""
-    from taskdata.cache_format import (
+    from taskdata.cache.format import (
         Manifest,
         ShardEntry,
         SplitManifest,
@@ -64,7 +64,7 @@ def write_cache(root: Path, task: str, num_shards: int) -> Path:
         offsets_name,
         shard_name,
     )
-    from taskdata.tfrecord import frame_record, write_offsets
+    from taskdata.cache.tfrecord import frame_record, write_offsets
 
     version_dir = root / task / f"v20260101T000000Z-bench{num_shards}"
     if (version_dir / "COMPLETED").exists():
@@ -115,7 +115,7 @@ def write_cache(root: Path, task: str, num_shards: int) -> Path:
 
 
 def make_runs(root: Path) -> list[dict]:
-    from taskdata.cache_format import load_manifest
+    from taskdata.cache.format import load_manifest
     from taskdata.index import BatchSchedule, RunPlan, TaskCache
     from taskdata.runs import StoredRun, cache_fingerprint
 

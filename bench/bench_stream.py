@@ -17,17 +17,19 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._report import write_section
+from taskdata.cache.reader import CacheReader
 from taskdata.index import BatchSchedule, RunPlan, TaskCache
-from taskdata.reader import CacheReader
 from taskdata.stream import RunReader
 
 
 def builtin_cache() -> str:
-    from taskdata.beam.job import CacheOptions, default_cache_root, run_cache_job
-    from taskdata.registry import default_registry
+    from taskdata.beam.job import CacheOptions, run_cache_job
+    from taskdata.config import Config
+    from taskdata.tasks import default_registry
 
-    options = CacheOptions(task="c4_span_corruption", output=default_cache_root(), progress=False)
-    return run_cache_job(options, default_registry(), log=lambda m: None).version_dir
+    config = Config.from_environment()
+    options = CacheOptions(task="c4_span_corruption", output=config.cache_root, progress=False, config=config)
+    return run_cache_job(options, default_registry(config), log=lambda m: None).version_dir
 
 
 def cpu() -> float:

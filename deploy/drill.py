@@ -371,7 +371,7 @@ class _Drill:
         return args
 
     def _start_trainers(self, label: str, count: int, args: list[str]) -> list[subprocess.Popen[bytes]]:
-        base = [sys.executable, "-m", "trainer_client.train", *args]
+        base = [sys.executable, "-m", "trainer_client.example.train", *args]
         if count == 1:
             return [self.processes.start(f"{label}.0", base, self.env)]
         coordinator = f"127.0.0.1:{_free_port()}"
@@ -390,7 +390,7 @@ class _Drill:
     def storage(self) -> str:
         from gcsfs.core import GCSFileSystem
 
-        from taskdata.corpus import build_corpus
+        from taskdata.tasks.corpus import build_corpus
 
         c = self.config
         binary = shutil.which(
@@ -579,8 +579,8 @@ class _Drill:
         return f"{self.config.steps} steps, batch {self.config.batch_size}, 1 process"
 
     def train_preempted(self) -> str:
-        from trainer_client.batch_log import read_batch_log_lines
-        from trainer_client.checkpoint import list_checkpoints
+        from trainer_client.example.batch_log import read_batch_log_lines
+        from trainer_client.example.checkpoint import list_checkpoints
 
         c = self.config
         out = os.path.join(self.work, "elastic")
@@ -638,7 +638,7 @@ class _Drill:
         first_log = _tail(self.processes.log_path("train-resumed.0"), 1 << 20)
         if f"resuming at step {checkpoint} " not in first_log:
             raise RuntimeError(f"process 0 did not resume at step {checkpoint}:\n{first_log[-2000:]}")
-        from trainer_client.batch_log import read_batch_log_lines
+        from trainer_client.example.batch_log import read_batch_log_lines
 
         log = os.path.join(out, "batches.jsonl")
         combined = self._hashes(log)
@@ -684,7 +684,7 @@ class _Drill:
     # --- run ----------------------------------------------------------------------------------------
 
     def _hashes(self, path: str) -> dict[int, str]:
-        from trainer_client.batch_log import read_batch_log
+        from trainer_client.example.batch_log import read_batch_log
 
         return {step: entry["hash"] for step, entry in read_batch_log(path).items()}
 

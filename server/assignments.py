@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from taskdata.index import RunPlan, example_arrays, examples_at, fits_int64, read_runs, slice_positions
-from taskdata.int_columns import ColumnEncoding, base64_int64
+from taskdata.index.columns import ColumnEncoding, base64_int64
 from taskdata.runs import ResolvedCache, StoredRun
 
 __all__ = ["READ_COLUMNS", "AnswerCache", "StepColumns", "shards_body", "step_json"]

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from taskdata import fs
-from taskdata.cache_format import (
+from taskdata.cache.format import (
     CacheFormatError,
     completed_path,
     current_version,
@@ -14,8 +14,8 @@ from taskdata.cache_format import (
     load_manifest,
     task_dir,
 )
+from taskdata.define.mixture import Mixture
 from taskdata.fingerprint import describe
-from taskdata.mixture import Mixture
 from taskdata.runs import CacheResolver
 
 __all__ = ["task_detail", "task_summaries"]

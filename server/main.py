@@ -24,9 +24,9 @@ from server.metrics import Metrics, MetricsMiddleware
 from server.routers import health, metrics, runs, shards, tasks
 from server.settings import Settings
 from server.state import ServerConfigError, state_of
+from taskdata.define.registry import UnknownNameError
 from taskdata.index import PlanError
 from taskdata.names import InvalidNameError
-from taskdata.registry import UnknownNameError
 from taskdata.runs import CacheUnavailableError, RunConflictError, RunError
 
 __all__ = ["app", "create_app"]

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from taskdata.int_columns import ColumnEncoding, column_values
+from taskdata.index.columns import ColumnEncoding, column_values
 
 __all__ = [
     "BASE64_PATTERN",

@@ -14,13 +14,13 @@ from typing import Any
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from taskdata.config import Config
+
 __all__ = ["Settings", "get_settings"]
 
 
 def _default_cache_root() -> str:
-    from taskdata.beam.job import default_cache_root
-
-    return default_cache_root()
+    return Config.from_environment().cache_root
 
 
 class Settings(BaseSettings):
@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     token: SecretStr | None = Field(None, description="Bearer token required on every route but /healthz.")
     token_file: str | None = Field(None, description="File holding the bearer token (instead of token).")
     modules: tuple[str, ...] = Field((), description="Python modules that register tasks and mixtures.")
+    home: str | None = Field(None, description="taskdata's home folder (default: $TASKDATA_HOME, ~/.cache/taskdata).")
+    c4_dir: str | None = Field(None, description="C4 folder of the built-in tasks (default: $TASKDATA_C4_DIR).")
+    vocab: str | None = Field(None, description="Vocabulary of the built-in tasks (default: $TASKDATA_VOCAB).")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     step_cache_entries: int = Field(
@@ -75,6 +78,11 @@ class Settings(BaseSettings):
         if self.token is not None and not self.token.get_secret_value().strip():
             raise ValueError("The bearer token is empty; set a non-empty token or none at all.")
         return self
+
+
+    def config(self) -> Config:
+        """What the built-in tasks read: these settings, else ``$TASKDATA_*``, else the defaults."""
+        return Config.from_environment(home=self.home, c4_dir=self.c4_dir, vocab=self.vocab)
 
 
 @functools.cache

@@ -114,9 +114,9 @@ class ServerState:
 def build_state(settings: Settings, registry: Any = None) -> ServerState:
     """State for ``settings``; ``registry`` defaults to the default registry plus ``settings.modules``."""
     if registry is None:
-        from taskdata.registry import default_registry
+        from taskdata.tasks import default_registry
 
-        registry = default_registry()
+        registry = default_registry(settings.config())
         for module in settings.modules:
             registry.load_module(module)
     store = RunStore(settings.cache_root)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["main"]
@@ -24,8 +24,18 @@ def _common_options() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--c4-dir", metavar="DIR",
-        help="folder (local or gs://) with C4 JSON-lines files (c4-train.*-of-*.json.gz); default: "
-             "$TASKDATA_C4_DIR, else the built-in corpus",
+        help="folder (local or gs://) with C4 JSON-lines files (c4-train.*-of-*.json.gz) for the built-in "
+             "tasks; default: $TASKDATA_C4_DIR, else the built-in corpus",
+    )
+    common.add_argument(
+        "--vocab", metavar="MODEL",
+        help="SentencePiece model (local or gs://) for the built-in tasks; default: $TASKDATA_VOCAB, else "
+             "the one trained on the built-in corpus",
+    )
+    common.add_argument(
+        "--home", metavar="DIR",
+        help="folder of the built-in corpus and vocabulary and of the default cache root; default: "
+             "$TASKDATA_HOME, else ~/.cache/taskdata",
     )
     return common
 
@@ -77,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--task", required=True, help="task (or mixture: each of its tasks) to cache")
     p.add_argument("--output", default=None,
-                   help="cache root, local or gs:// (default: $TASKDATA_HOME/caches or ~/.cache/taskdata/caches)")
+                   help="cache root, local or gs:// (default: {--home}/caches)")
     p.add_argument("--seed", type=int, default=0, help="shuffle and preprocessing seed (default 0), recorded in the manifest")
     p.add_argument("--num-shards", type=int, default=None,
                    help="output shards per split (default: ~256 MB per shard, at least 4)")
@@ -90,9 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", parents=[common],
                        help="score prediction files against a task's or mixture's targets")
-    from taskdata.evaluation import add_eval_arguments  # stdlib-only at import; metrics load when used
-
-    add_eval_arguments(p)
+    _add_eval_arguments(p)
     p.set_defaults(run=_cmd_eval)
 
     p = sub.add_parser("verify", help="re-read every record of a cache and check it against its manifest")
@@ -109,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--name", required=True, help="run name (letters, digits, '_', '.', ':')")
     p.add_argument("--mixture", required=True, help="task or mixture to train on")
-    p.add_argument("--cache-root", default=None, help="cache root (default: $TASKDATA_HOME/caches)")
+    p.add_argument("--cache-root", default=None, help="cache root (default: {--home}/caches)")
     p.add_argument("--seed", type=int, required=True, help="orders every epoch after the first")
     p.add_argument(
         "--batch-size", type=int, required=True, help="global batch size (the ramp's start with --ramp-to)"
@@ -146,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cache-root",
         default=None,
-        help="cache root (default: $TASKDATA_SERVER_CACHE_ROOT, then $TASKDATA_HOME/caches)",
+        help="cache root (default: $TASKDATA_SERVER_CACHE_ROOT, then {--home}/caches)",
     )
     p.add_argument(
         "--runs-file", default=None, help="JSON list of run plans to serve besides the stored runs"
@@ -160,26 +168,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _registry(args: argparse.Namespace) -> Any:
-    from taskdata.registry import default_registry
+def _config(args: argparse.Namespace) -> Any:
+    """The one ``Config`` of this command: flags first, then ``$TASKDATA_*``, then the defaults."""
+    from taskdata.config import Config
 
-    registry = default_registry()
+    return Config.from_environment(
+        home=getattr(args, "home", None), c4_dir=getattr(args, "c4_dir", None), vocab=getattr(args, "vocab", None)
+    )
+
+
+def _registry(args: argparse.Namespace) -> Any:
+    from taskdata.tasks import default_registry
+
+    registry = default_registry(_config(args))
     for module in args.module:
         registry.load_module(module)
     return registry
 
 
-def _apply_environment(args: argparse.Namespace) -> None:
-    # Sources resolve their folder lazily from the environment, which Beam's local worker processes
-    # inherit too.
-    if getattr(args, "c4_dir", None):
-        from taskdata.sources.c4 import C4_DIR_ENV
-
-        os.environ[C4_DIR_ENV] = args.c4_dir
-
-
 def _cmd_list(args: argparse.Namespace) -> int:
-    from taskdata.mixture import Mixture
+    from taskdata.define.mixture import Mixture
 
     registry = _registry(args)
     for name in registry.names():
@@ -200,8 +208,8 @@ def _short_name(obj: Any) -> str:
 def _cmd_show(args: argparse.Namespace) -> int:
     import json
 
+    from taskdata.define.mixture import Mixture
     from taskdata.fingerprint import describe
-    from taskdata.mixture import Mixture
 
     registry = _registry(args)
     item = registry.get(args.name)
@@ -246,7 +254,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_vocab_train(args: argparse.Namespace) -> int:
-    from taskdata.vocab_training import train_from_task
+    from taskdata.define.vocab_training import train_from_task
 
     task = _registry(args).get_task(args.task)
     path = train_from_task(task, args.split, args.size, args.out, max_docs=args.max_docs)
@@ -255,17 +263,18 @@ def _cmd_vocab_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from taskdata.beam.job import CacheOptions, default_cache_root, run_cache_job
-    from taskdata.mixture import Mixture
+    from taskdata.beam.job import CacheOptions, run_cache_job
+    from taskdata.define.mixture import Mixture
 
     registry = _registry(args)
     item = registry.get(args.task)
     names = list(item.task_names) if isinstance(item, Mixture) else [item.name]
     for name in names:
         options = CacheOptions(
-            task=name, output=args.output or default_cache_root(), seed=args.seed, num_shards=args.num_shards,
+            task=name, output=args.output or _config(args).cache_root, seed=args.seed, num_shards=args.num_shards,
             splits=tuple(args.splits) if args.splits else None, force=args.force, verify=not args.no_verify,
             modules=tuple(args.module), beam_args=tuple(args.beam_args), progress=not args.quiet,
+            config=_config(args),
         )
         result = run_cache_job(options, registry)
         print(result.version_dir)
@@ -273,16 +282,96 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from taskdata.eval_cache import CacheTargets
-    from taskdata.evaluation import main_eval
+    return run_eval(args, _registry(args))
 
-    return main_eval(args, _registry(args), cache_targets=CacheTargets)
+
+def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="the task or mixture to evaluate")
+    parser.add_argument(
+        "--split", default="validation", help="the split the predictions are for (default: validation)"
+    )
+    parser.add_argument(
+        "--predictions",
+        nargs="+",
+        action="extend",
+        required=True,
+        metavar="FILE",
+        help="JSON-lines prediction files, local or gs:// (repeatable; glob patterns such as "
+        "'preds-*.jsonl' are expanded)",
+    )
+    parser.add_argument(
+        "--cache", metavar="DIR", help="read the targets from this cache instead of recomputing them"
+    )
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="score the examples that have a prediction and report how many do not",
+    )
+    parser.add_argument(
+        "--output", metavar="FILE", help="also write the report as JSON to FILE (local or gs://)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        metavar="N",
+        help="the seed the evaluated examples were built with (required without --cache)",
+    )
+
+
+def run_eval(
+    args: argparse.Namespace,
+    registry: Any,
+    *,
+    cache_targets: Callable[[str, int | None], Any] | None = None,
+) -> int:
+    """Runs ``taskdata eval``: prints the report table, writes the JSON report if asked.
+
+    Returns 0 on success and 1 when the predictions cannot be evaluated (the reason goes to stderr).
+    Usage errors (unknown name, no --seed) raise ``ValueError`` or ``UnknownNameError`` for the command
+    line's usual handling. ``cache_targets`` builds the targets of ``--cache`` (default: ``CacheTargets``).
+    """
+    from taskdata.evaluation import (
+        CacheTargets,
+        EvaluationError,
+        SourceTargets,
+        evaluate,
+        expand_prediction_paths,
+        format_report,
+        write_report,
+    )
+
+    item = registry.get(args.name)
+    if args.cache is not None:
+        targets = (cache_targets or CacheTargets)(args.cache, args.seed)
+    elif args.seed is None:
+        raise ValueError(
+            "--seed is required when the targets are recomputed from the task's source (no --cache): give "
+            "the seed the evaluated examples were built with, e.g. --seed 0."
+        )
+    else:
+        targets = SourceTargets(seed=args.seed)
+    try:
+        report = evaluate(
+            item,
+            args.split,
+            expand_prediction_paths(args.predictions),
+            targets,
+            allow_partial=args.allow_partial,
+        )
+    except EvaluationError as e:
+        print(f"taskdata eval: error: {e}", file=sys.stderr)
+        return 1
+    print(format_report(report))
+    if args.output:
+        write_report(report, args.output)
+        print(f"wrote {args.output}")
+    return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from taskdata import fs
-    from taskdata.cache_format import current_version
-    from taskdata.verify import verify_version
+    from taskdata.cache.format import current_version
+    from taskdata.cache.verify import verify_version
 
     version_dir = args.cache
     if not fs.exists(fs.join(version_dir, "manifest.json")) and not fs.exists(fs.join(version_dir, "COMPLETED")):
@@ -301,7 +390,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from taskdata.beam.job import default_cache_root
     from taskdata.index import BatchSchedule, SkipRange
     from taskdata.runs import RunStore, build_run
 
@@ -317,7 +405,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     schedule = BatchSchedule(
         start=args.batch_size, end=end, ramp_steps=args.ramp_steps, multiple_of=args.multiple_of
     )
-    root = args.cache_root or default_cache_root()
+    root = args.cache_root or _config(args).cache_root
     run = build_run(
         _registry(args),
         root,
@@ -352,6 +440,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "host": args.host,
         "port": args.port,
         "modules": tuple(args.module) or None,
+        "home": args.home,
+        "c4_dir": args.c4_dir,
+        "vocab": args.vocab,
     }
     settings = Settings(**{key: value for key, value in given.items() if value is not None})
     app = create_app(settings)
@@ -379,8 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.beam_args = beam_args
     from taskdata.beam.job import CacheJobError  # light: Beam itself is imported only when a job runs
-    from taskdata.registry import UnknownNameError
-    _apply_environment(args)
+    from taskdata.define.registry import UnknownNameError
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:

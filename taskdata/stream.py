@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from taskdata.cache_format import CacheFormatError
+from taskdata.cache.format import CacheFormatError
+from taskdata.cache.reader import CacheReader
 from taskdata.index import ExampleRef, RunPlan, assign
-from taskdata.reader import CacheReader
 
 __all__ = ["HostBatch", "RunReader", "pad_features"]
 

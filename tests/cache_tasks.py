@@ -8,12 +8,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from taskdata.features import Feature
+from taskdata.define.features import Feature
+from taskdata.define.task import Task
+from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.metrics import sequence_accuracy
 from taskdata.preprocessors.base import Example, ShardContext
 from taskdata.sources import FunctionSource, TextLineSource
-from taskdata.task import Task
-from taskdata.vocabularies import ByteVocabulary
 
 VOCAB = ByteVocabulary()
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma"]

@@ -19,8 +19,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from taskdata.cache.reader import CacheReader
 from taskdata.index import BatchSchedule, RunPlan, TaskCache
-from taskdata.reader import CacheReader
 from taskdata.runs import RunStore, StoredRun
 from trainer_client.assignments import HostSlice
 from trainer_client.digest import batch_hash, row_digests
@@ -108,7 +108,7 @@ def serve(root: str, port: int | None = None, delay: float = 0.0, **settings: ob
 
     from server.main import create_app
     from server.settings import Settings
-    from taskdata.registry import Registry
+    from taskdata.define.registry import Registry
 
     port = port or free_port()
     app = create_app(Settings(cache_root=root, port=port, **settings), registry=Registry())
@@ -144,7 +144,7 @@ def client_env(devices: int) -> dict[str, str]:
 
 
 class Trainer:
-    """One ``python -m trainer_client.train`` process; always stopped by its pid when the test ends."""
+    """One ``python -m trainer_client.example.train`` process; always stopped by its pid when the test ends."""
 
     def __init__(self, args: Sequence[str], devices: int = 1, stderr_path: str | None = None):
         self.stderr_path = stderr_path
@@ -152,7 +152,7 @@ class Trainer:
             os.makedirs(os.path.dirname(stderr_path), exist_ok=True)
         err = open(stderr_path, "ab") if stderr_path else subprocess.DEVNULL  # noqa: SIM115 (closed below)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "trainer_client.train", *args],
+            [sys.executable, "-m", "trainer_client.example.train", *args],
             cwd=REPO,
             env=client_env(devices),
             stdout=subprocess.DEVNULL,
@@ -221,7 +221,7 @@ def multi_host_args(num_processes: int, port: int) -> list[list[str]]:
 
 def wait_for_log_step(path: str, step: int, trainer: Trainer, timeout: float) -> None:
     """Waits until the batch log holds ``step`` (or the trainer exits, or ``timeout`` passes)."""
-    from trainer_client.batch_log import read_batch_log_lines
+    from trainer_client.example.batch_log import read_batch_log_lines
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from taskdata.registry import Registry
+from taskdata.define.registry import Registry
 
 # Tests must never reach for the network or the user's real cache folder.
 os.environ.setdefault("TASKDATA_HOME", os.path.join(os.environ.get("TMPDIR", "/tmp"), "taskdata-test-home"))

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from taskdata.features import Feature
+from taskdata.define.features import Feature
+from taskdata.define.task import Task
+from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.preprocessors.base import Example, ShardContext
 from taskdata.sources import FunctionSource
-from taskdata.task import Task
-from taskdata.vocabularies import ByteVocabulary
 
 VOCAB = ByteVocabulary()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from taskdata.verify import verify_version
+from taskdata.cache.verify import verify_version
 from tests.test_cache_job import files_of
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from taskdata.beam.job import CacheJobError, CacheOptions, run_cache_job
-from taskdata.cache_format import load_manifest
-from taskdata.example_codec import decode_example
-from taskdata.registry import Registry
-from taskdata.tfrecord import iter_records
+from taskdata.cache.format import load_manifest
+from taskdata.cache.tfrecord import iter_records
+from taskdata.define.registry import Registry
+from taskdata.example import decode_example
 
 MODULE = "tests.cache_tasks"
 
@@ -129,7 +129,7 @@ def test_different_seed_changes_random_preprocessing(reference, tmp_path):
 
 
 def test_global_order_is_sorted_by_shuffle_key(reference):
-    from taskdata.shuffle import shuffle_key
+    from taskdata.cache.shuffle import shuffle_key
 
     keys = []
     for record in records_of(reference.version_dir):
@@ -208,7 +208,7 @@ def test_duplicate_shuffle_keys_are_an_error(tmp_path):
         name = "toy_det"
         output_features = FEATURES
 
-    spec = CacheJobSpec(task="toy_det", task_fingerprint="x", modules=(), environment=(), seed=0,
+    spec = CacheJobSpec(task="toy_det", task_fingerprint="x", modules=(), config=("/tmp", None, None), seed=0,
                         version_dir=str(tmp_path / "v"), tmp_dir=str(tmp_path / "v" / "_tmp"),
                         num_shards=(("train", 1),))
     record = encode_cache_record(FakeTask(), {"inputs": [5], "targets": [6]}, "train", "s0", 0, 0, 0)

@@ -46,7 +46,7 @@ def test_help_lists_every_command():
 
 
 def test_show_prints_the_fingerprint(capsys):
-    from taskdata.registry import Registry
+    from taskdata.define.registry import Registry
 
     registry = Registry()
     registry.load_module("tests.cache_tasks")
@@ -95,7 +95,7 @@ def test_vocab_train_is_deterministic(tmp_path, capsys):
 
 
 def test_entry_point_tasks_are_registered(tmp_path, monkeypatch):
-    from taskdata.registry import Registry
+    from taskdata.define.registry import Registry
 
     (tmp_path / "ep_tasks_mod.py").write_text(
         "from tests.helpers import make_task\n"

@@ -16,7 +16,6 @@ from jax.sharding import NamedSharding  # noqa: E402
 
 from taskdata.runs import RunStore  # noqa: E402
 from tests.client_helpers import LENGTHS, shared_root  # noqa: E402
-from trainer_client.adam import AdamConfig, adam_specs, adam_update, init_adam  # noqa: E402
 from trainer_client.arrays import (  # noqa: E402
     batch_sharding,
     gather_batch_hash,
@@ -27,8 +26,9 @@ from trainer_client.arrays import (  # noqa: E402
 )
 from trainer_client.assignments import HostSlice  # noqa: E402
 from trainer_client.digest import batch_hash, row_digests  # noqa: E402
+from trainer_client.example.adam import AdamConfig, adam_specs, adam_update, init_adam  # noqa: E402
+from trainer_client.example.model import ModelConfig, init_params, loss_fn, param_specs  # noqa: E402
 from trainer_client.local_source import LocalAssignments  # noqa: E402
-from trainer_client.model import ModelConfig, init_params, loss_fn, param_specs  # noqa: E402
 from trainer_client.reading import BatchReader  # noqa: E402
 
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from taskdata.cache_format import CacheFormatError
+from taskdata.cache.format import CacheFormatError
 from taskdata.index import assign
 from taskdata.runs import RunStore
 from tests.client_helpers import serve, shared_root

@@ -7,8 +7,13 @@ import os
 import numpy as np
 import pytest
 
-from trainer_client.batch_log import BatchLog, read_batch_log, read_batch_log_lines
-from trainer_client.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, save_checkpoint
+from trainer_client.example.batch_log import BatchLog, read_batch_log, read_batch_log_lines
+from trainer_client.example.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    save_checkpoint,
+)
 from trainer_client.iterator import DataState
 
 FINGERPRINT = "f" * 64

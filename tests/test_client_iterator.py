@@ -9,9 +9,9 @@ import httpx
 import numpy as np
 import pytest
 
+from taskdata.cache.tfrecord import CorruptRecordError
 from taskdata.index import SkipRange
 from taskdata.runs import CacheResolver, RunStore
-from taskdata.tfrecord import CorruptRecordError
 from tests.client_helpers import LENGTHS, features_equal, free_port, serve, shared_root
 from trainer_client.assignments import AssignmentError, HostSlice
 from trainer_client.digest import batch_hash, row_digests

@@ -9,22 +9,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from taskdata.cache_format import CacheFormatError
+from taskdata.cache.format import CacheFormatError
+from taskdata.cache.reader import CacheReader
 from taskdata.cli import main as taskdata_main
-from taskdata.eval_cache import CacheTargets
-from taskdata.features import Feature
+from taskdata.define.features import Feature
+from taskdata.define.registry import Registry
+from taskdata.define.task import Task
+from taskdata.define.vocabularies import ByteVocabulary
+from taskdata.evaluation.targets import CacheTargets
 from taskdata.index import BatchSchedule, SkipRange
-from taskdata.reader import CacheReader
-from taskdata.registry import Registry
 from taskdata.runs import RunStore, build_run
-from taskdata.task import Task
-from taskdata.vocabularies import ByteVocabulary
 from tests.client_helpers import MODEL_ARGS, Trainer, shared_compilation_cache, trainers
 from tests.test_cache_job import build
 from trainer_client.assignments import AssignmentError
-from trainer_client.local_source import LocalAssignments
-from trainer_client.model import ModelConfig, init_params, loss_fn
-from trainer_client.predict import (
+from trainer_client.example.model import ModelConfig, init_params, loss_fn
+from trainer_client.example.predict import (
     decoder_logits,
     encode,
     first_examples,
@@ -33,6 +32,7 @@ from trainer_client.predict import (
     predict_run,
     targets_vocabulary,
 )
+from trainer_client.local_source import LocalAssignments
 
 CONFIG = ModelConfig(vocab_size=512, d_model=16, num_heads=2, head_dim=8, d_ff=32)
 VALIDATION_RECORDS = 87  # toy_random's validation split (tests.cache_tasks)

@@ -8,11 +8,11 @@ import shutil
 import numpy as np
 import pytest
 
-from taskdata.cache_format import CacheFormatError
-from taskdata.reader import CacheReader
+from taskdata.cache.format import CacheFormatError
+from taskdata.cache.reader import CacheReader
+from taskdata.cache.tfrecord import CorruptRecordError
 from taskdata.runs import CacheResolver, RunStore
 from taskdata.stream import RunReader
-from taskdata.tfrecord import CorruptRecordError
 from tests.client_helpers import LENGTHS, shared_root
 from trainer_client.assignments import AssignmentError, HostSlice
 from trainer_client.local_source import LocalAssignments

@@ -1,6 +1,6 @@
 """The example trainer as separate processes: batch hashes, SIGTERM/SIGKILL preemption, several hosts, elastic resume.
 
-Every trainer is a ``python -m trainer_client.train`` process stopped by its pid when the test ends;
+Every trainer is a ``python -m trainer_client.example.train`` process stopped by its pid when the test ends;
 each wait is bounded. The reference for every comparison is the global batch one process builds with
 numpy alone (``client_helpers.reference_hashes``): no JAX, no server.
 """
@@ -25,8 +25,8 @@ from tests.client_helpers import (
     trainers,
     wait_for_log_step,
 )
-from trainer_client.batch_log import read_batch_log, read_batch_log_lines
-from trainer_client.checkpoint import latest_checkpoint, list_checkpoints
+from trainer_client.example.batch_log import read_batch_log, read_batch_log_lines
+from trainer_client.example.checkpoint import latest_checkpoint, list_checkpoints
 
 STARTUP = 180  # seconds a trainer may take to start, compile and finish its steps on a loaded 2-core machine
 

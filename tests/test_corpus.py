@@ -15,9 +15,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from taskdata import corpus
+from taskdata.define.vocabularies import SentencePieceVocabulary
 from taskdata.sources import C4Source
-from taskdata.vocabularies import SentencePieceVocabulary
+from taskdata.tasks import corpus
 
 SMALL = dict(num_train_docs=240, num_validation_docs=40, train_files=3, validation_files=2)
 SMALL_PARAMS = corpus.CorpusParameters(**SMALL)
@@ -107,8 +107,13 @@ def test_validation_never_shares_a_paragraph_with_train():
 
 def test_python_texts_do_not_depend_on_what_the_caller_imported_or_patched(monkeypatch):
     import collections.abc
+    import subprocess
 
-    original = collections.abc.Mapping.get.__doc__
+    # What a fresh interpreter holds (this one may have imported TensorFlow already).
+    original = subprocess.run(
+        [sys.executable, "-I", "-c", "import collections.abc, sys; sys.stdout.write(collections.abc.Mapping.get.__doc__)"],
+        capture_output=True, text=True, check=True,
+    ).stdout
     # TensorFlow, once imported, rewrites this very docstring; a recipe must not see that.
     monkeypatch.setattr(collections.abc.Mapping.get, "__doc__", "Patched by a library in this process.")
     texts = corpus._python_texts()
@@ -177,15 +182,6 @@ def test_ensure_builds_once_then_reuses(tmp_path, monkeypatch):
     assert C4Source(first).list_shards("train")
 
 
-def test_ensure_uses_taskdata_home(tmp_path, monkeypatch):
-    monkeypatch.setenv(corpus.HOME_ENV, str(tmp_path / "home"))
-    assert corpus.cache_home() == str(tmp_path / "home")
-    assert corpus.builtin_corpus_dir().startswith(str(tmp_path / "home" / "corpus") + os.sep)
-    monkeypatch.delenv(corpus.HOME_ENV)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert corpus.cache_home() == str(tmp_path / "xdg" / "taskdata")
-
-
 def test_ensure_never_uses_a_folder_without_its_manifest(tmp_path):
     partial = corpus.builtin_corpus_dir(SMALL_PARAMS, home=str(tmp_path))
     os.makedirs(partial)
@@ -206,7 +202,8 @@ def test_a_losing_publisher_leaves_the_winners_folder_alone(tmp_path):
 _RACER = textwrap.dedent(
     """
     import json, sys
-    from taskdata import corpus, vocab_training
+    from taskdata.tasks import corpus
+    from taskdata.define import vocab_training
 
     builds, trainings = [], []
     build_into, train = corpus._build_into, vocab_training.train_from_source
@@ -248,7 +245,7 @@ def test_racing_processes_build_once_and_agree(tmp_path):
 
 
 def test_builtin_vocabulary_is_trained_once_and_fits_t5_conventions(tmp_path, monkeypatch):
-    from taskdata import vocab_training
+    from taskdata.define import vocab_training
 
     trainings: list[str] = []
     original = vocab_training.train_from_source

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from taskdata.cli import main
-from taskdata.eval_cache import CacheTargets
+from taskdata.define.registry import Registry
 from taskdata.evaluation import SourceTargets
-from taskdata.registry import Registry
+from taskdata.evaluation.targets import CacheTargets
 from tests.test_cache_job import build
 
 

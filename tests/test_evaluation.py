@@ -16,23 +16,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taskdata import metrics, postprocessors
+from taskdata import metrics
+from taskdata.cli import _add_eval_arguments as add_eval_arguments
+from taskdata.cli import run_eval as main_eval
+from taskdata.define import postprocessors
+from taskdata.define.features import Feature
+from taskdata.define.registry import UnknownNameError
+from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.evaluation import (
     EvaluationError,
     MissingPredictionsError,
     PredictionFileError,
     SourceTargets,
-    add_eval_arguments,
     evaluate,
     format_report,
-    main_eval,
     write_report,
 )
-from taskdata.features import Feature
 from taskdata.preprocessors.base import Example, ShardContext
-from taskdata.registry import UnknownNameError
 from taskdata.sources import FunctionSource
-from taskdata.vocabularies import ByteVocabulary
 
 VOCAB = ByteVocabulary()
 SPLIT = "validation"
@@ -192,7 +193,7 @@ def test_evaluate_passes_the_example_to_postprocess_fn(registry, tmp_path):
 @settings(max_examples=25, deadline=None)
 @given(order=st.permutations(range(6)), cuts=st.lists(st.integers(0, 6), max_size=3))
 def test_join_is_independent_of_line_order_and_file_split(order, cuts):
-    from taskdata.registry import Registry
+    from taskdata.define.registry import Registry
 
     task = add_qa_task(Registry())
     rows = predictions_a()
@@ -531,7 +532,7 @@ def test_main_eval_usage_errors(registry, tmp_path):
     path = write_lines(tmp_path / "p.jsonl", predictions_a())
     with pytest.raises(ValueError, match=r"--seed is required when the targets are recomputed"):
         main_eval(parse(["qa_a", "--predictions", path]), registry)
-    with pytest.raises(ValueError, match=r"--cache /c: reading targets from a cache is not available"):
+    with pytest.raises(ValueError, match=r"/c holds no complete cache of task 'qa_a'"):
         main_eval(parse(["qa_a", "--predictions", path, "--cache", "/c"]), registry)
     with pytest.raises(UnknownNameError, match=r"Unknown task or mixture 'qa_b'.*Did you mean: qa_a"):
         main_eval(parse(["qa_b", "--predictions", path, "--seed", "0"]), registry)

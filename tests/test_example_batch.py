@@ -7,8 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taskdata import example_batch, example_codec
-from taskdata.example_batch import ExampleDecodeError, RaggedFeature
+from taskdata import example as example_codec
+from taskdata.example import batch as example_batch
+from taskdata.example import wire
+from taskdata.example.batch import ExampleDecodeError, RaggedFeature
 from tests.test_example_codec import (
     INT64,
     _assert_same,
@@ -85,10 +87,10 @@ def test_batches_of_one_layout_never_take_the_per_record_path(monkeypatch):
 def _entries(record: bytes) -> list[tuple[bytes, bytes]]:
     """The (key, Feature bytes) map entries of a canonical record."""
     entries = []
-    for field, _, start, end in example_codec._iter_fields(record, 0, len(record), "Example"):
+    for field, _, start, end in wire._iter_fields(record, 0, len(record), "Example"):
         assert field == 1
-        for _, _, es, ee in example_codec._iter_fields(record, start, end, "Features"):
-            (_, _, ks, ke), (_, _, fs, fe) = example_codec._iter_fields(record, es, ee, "entry")
+        for _, _, es, ee in wire._iter_fields(record, start, end, "Features"):
+            (_, _, ks, ke), (_, _, fs, fe) = wire._iter_fields(record, es, ee, "entry")
             entries.append((record[ks:ke], record[fs:fe]))
     return entries
 

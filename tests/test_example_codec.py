@@ -3,15 +3,14 @@ encoder, every varint path, round trips, and TensorFlow's own bytes."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taskdata import example_batch, example_codec
+from taskdata import example as example_codec
+from taskdata.example import batch as example_batch
+from taskdata.example import encode, wire
 
 # Recipe (TensorFlow 2.21): tf.train.Example(features=tf.train.Features(feature={
 #   "ids": Feature(int64_list=Int64List(value=[1, 300, -1])), "text": Feature(bytes_list=BytesList(value=[b"hi"])),
@@ -37,11 +36,11 @@ def _varint(value: int) -> bytes:
 def _message(*fields: tuple[int, int, bytes | int]) -> bytes:
     """Hand-written protobuf: (field, wire type, payload) with payload an int for wire type 0."""
     out = b""
-    for field, wire, payload in fields:
-        out += _varint(field << 3 | wire)
-        if wire == 0:
+    for field, wire_type, payload in fields:
+        out += _varint(field << 3 | wire_type)
+        if wire_type == 0:
             out += _varint(payload)
-        elif wire == 2:
+        elif wire_type == 2:
             out += _varint(len(payload)) + payload
         else:
             out += payload
@@ -290,9 +289,9 @@ def test_cache_shaped_records_encode_like_the_reference(record):
 @given(any_int_arrays())
 def test_the_fast_varint_paths_equal_the_general_one(array):
     unsigned = array.ravel().astype(np.int64).view(np.uint64)
-    rows = example_codec._varint_rows(unsigned) if len(unsigned) else np.zeros((0, 1), dtype=np.uint8)
-    general = example_codec._squeeze(rows.tobytes(), rows.shape[1])
-    assert example_codec._packed_ints(array) == general
+    rows = encode._varint_rows(unsigned) if len(unsigned) else np.zeros((0, 1), dtype=np.uint8)
+    general = encode._squeeze(rows.tobytes(), rows.shape[1])
+    assert encode._packed_ints(array) == general
     assert general == b"".join(_varint(v) for v in unsigned.tolist())
 
 
@@ -308,7 +307,7 @@ def test_the_fast_varint_paths_equal_the_general_one(array):
     ],
 )
 def test_every_varint_path_writes_protobufs_varints(values):
-    assert example_codec._packed_ints(values) == b"".join(
+    assert encode._packed_ints(values) == b"".join(
         _varint(v) for v in values.astype(np.int64).tolist()
     )
 
@@ -327,29 +326,25 @@ def test_length_prefixes_of_every_width_match_the_reference(size):
 
 
 def test_memos_stay_bounded_and_never_change_the_bytes(monkeypatch):
-    monkeypatch.setattr(example_codec, "_MAX_MEMO_ENTRIES", 4)
+    monkeypatch.setattr(encode, "_MAX_MEMO_ENTRIES", 4)
     features = {f"k{i}": np.arange(1, 1 + i * 50, dtype=np.int32) for i in range(10)}
     features |= {f"s{i}": "é" * i for i in range(10)}
-    features["long"] = "x" * (example_codec._MAX_MEMO_CHARS + 1)  # never memoized
+    features["long"] = "x" * (encode._MAX_MEMO_CHARS + 1)  # never memoized
     for _ in range(2):
         assert example_codec.encode_example(features) == _reference_encode(features)
-        assert len(example_codec._ENTRY_HEADS) <= 4 and len(example_codec._STRING_ENTRIES) <= 4
+        assert len(encode._ENTRY_HEADS) <= 4 and len(encode._STRING_ENTRIES) <= 4
     # A memoized entry is only reused for the same name and string.
     assert example_codec.encode_example({"s1": "b"}) == _reference_encode({"s1": "b"})
 
 
-def test_batch_decoding_names_are_re_exported_from_the_codec():
+def test_the_example_package_exports_every_codec():
     for name in ("DTYPES", "ExampleDecodeError", "RaggedFeature", "decode_batch", "decode_buffer"):
         assert getattr(example_codec, name) is getattr(example_batch, name)
-        assert name in example_codec.__all__
-    with pytest.raises(AttributeError, match="has no attribute 'decode_batches'"):
-        example_codec.decode_batches  # noqa: B018
-    # The import cycle resolves whichever module a fresh interpreter imports first.
-    code = (
-        "import taskdata.example_batch as b; from taskdata.example_codec import decode_batch, RaggedFeature; "
-        "assert decode_batch is b.decode_batch and RaggedFeature is b.RaggedFeature"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    assert example_codec.encode_example is encode.encode_example
+    assert sorted(example_codec.__all__) == [
+        "DTYPES", "ExampleDecodeError", "RaggedFeature", "decode_batch", "decode_buffer", "decode_example",
+        "encode_example", "has_kind",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -434,8 +429,8 @@ def test_our_bytes_equal_tensorflows_for_random_records(tf, record):
 
 def _map_entries(record: bytes) -> list[bytes]:
     """The serialized Features map entries of a record, in stored order."""
-    [(_, _, start, end)] = example_codec._iter_fields(record, 0, len(record), "Example")
-    return [record[s:e] for _, _, s, e in example_codec._iter_fields(record, start, end, "Features")]
+    [(_, _, start, end)] = wire._iter_fields(record, 0, len(record), "Example")
+    return [record[s:e] for _, _, s, e in wire._iter_fields(record, start, end, "Features")]
 
 
 @pytest.mark.slow

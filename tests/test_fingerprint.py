@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from taskdata.define.vocabularies import SentencePieceVocabulary
 from taskdata.fingerprint import fingerprint
-from taskdata.vocabularies import SentencePieceVocabulary
 from tests.helpers import make_task
 
 
@@ -33,9 +33,9 @@ def test_fingerprint_changes_with_the_definition(change):
 
 
 def test_fingerprint_changes_with_source_file_sizes(tmp_path):
-    from taskdata.features import Feature
+    from taskdata.define.features import Feature
+    from taskdata.define.task import Task
     from taskdata.sources import TextLineSource
-    from taskdata.task import Task
     from tests.helpers import VOCAB, BytesToTargets
 
     path = tmp_path / "a.txt"

@@ -21,8 +21,8 @@ from fastapi.testclient import TestClient
 
 from server.main import create_app
 from server.settings import Settings
+from taskdata.cache.reader import CacheReader
 from taskdata.index import BatchSchedule, RunPlan, TaskCache
-from taskdata.reader import CacheReader
 from taskdata.runs import RunStore, StoredRun
 from tests.test_cache_job import build
 

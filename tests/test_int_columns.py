@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taskdata.int_columns import base64_int64, column_values
+from taskdata.index.columns import base64_int64, column_values
 
 int64s = st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40)
 

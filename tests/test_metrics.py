@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rouge_score import rouge_scorer
 
-from taskdata import metrics, postprocessors
+from taskdata import metrics
+from taskdata.define import postprocessors
 from taskdata.metrics import MetricError
 
 # sacrebleu's README example: two reference streams for three sentences, BLEU 48.53 with the 13a tokenizer.

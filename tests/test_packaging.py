@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 USER_TASKS = '''
 import dataclasses
-from taskdata.features import Feature
+from taskdata.define.features import Feature
 from taskdata.sources import FunctionSource
-from taskdata.task import Task
-from taskdata.vocabularies import ByteVocabulary
+from taskdata.define.task import Task
+from taskdata.define.vocabularies import ByteVocabulary
 
 def documents(split, shard):
     for i in range(30):

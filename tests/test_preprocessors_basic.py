@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from taskdata.features import Feature
+from taskdata.define.features import Feature
+from taskdata.define.vocabularies import ByteVocabulary, SentencePieceVocabulary
 from taskdata.fingerprint import fingerprint
 from taskdata.preprocessors import (
     AppendEos,
@@ -17,7 +18,6 @@ from taskdata.preprocessors import (
     Trim,
 )
 from taskdata.preprocessors.base import ShardContext
-from taskdata.vocabularies import ByteVocabulary, SentencePieceVocabulary
 
 BYTES = ByteVocabulary()
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from taskdata.features import Feature
+from taskdata.define.features import Feature
+from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.preprocessors import AppendEosAfterTrim, PrefixLM, Rekey, Tokenize, prefix_lm
 from taskdata.preprocessors.base import ShardContext
-from taskdata.vocabularies import ByteVocabulary
 from tests.preprocessor_helpers import ids, run, summary
 
 BYTES = ByteVocabulary()

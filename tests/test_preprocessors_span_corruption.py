@@ -9,7 +9,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from taskdata.features import Feature
+from taskdata.define.features import Feature
+from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.fingerprint import fingerprint
 from taskdata.preprocessors import (
     AppendEosAfterTrim,
@@ -23,7 +24,6 @@ from taskdata.preprocessors import (
 )
 from taskdata.preprocessors.base import ShardContext
 from taskdata.preprocessors.counter_random import example_keys
-from taskdata.vocabularies import ByteVocabulary
 from tests.preprocessor_helpers import ids, run, summary
 
 BYTES = ByteVocabulary()  # ids: byte + 3; vocab_size 384, so <extra_id_0> = 383, <extra_id_1> = 382

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from taskdata.cache_format import CacheFormatError
-from taskdata.reader import CacheReader, feature_spec
-from taskdata.tfrecord import CorruptRecordError, iter_records
+from taskdata.cache.format import CacheFormatError
+from taskdata.cache.reader import CacheReader, feature_spec
+from taskdata.cache.tfrecord import CorruptRecordError, iter_records
 from tests.test_cache_job import build
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +78,7 @@ def test_decoded_features_match_tensorflow(cache):
 def test_reader_works_without_tensorflow(cache):
     code = (
         "import sys; sys.modules['tensorflow'] = None\n"
-        "from taskdata.reader import CacheReader\n"
+        "from taskdata.cache.reader import CacheReader\n"
         f"r = CacheReader({cache!r})\n"
         "records = r.read('train', 0, 0, 5)\n"
         "print(len(r.decode(records)['targets'].row_splits) - 1)\n"

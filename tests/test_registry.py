@@ -1,8 +1,8 @@
 import pytest
 
-from taskdata.mixture import MixtureError
-from taskdata.registry import DuplicateNameError, UnknownNameError
-from taskdata.vocabularies import ByteVocabulary
+from taskdata.define.mixture import MixtureError
+from taskdata.define.registry import DuplicateNameError, UnknownNameError
+from taskdata.define.vocabularies import ByteVocabulary
 from tests.helpers import make_task
 
 
@@ -108,7 +108,7 @@ def test_load_missing_module_says_what_to_check(registry):
 
 
 def test_default_registry_has_the_builtin_tasks():
-    from taskdata.registry import default_registry
+    from taskdata.tasks import default_registry
 
     names = default_registry().names()
     for name in ("c4_span_corruption", "c4_prefix_lm", "c4_mlm", "c4_span_corruption_prefix_lm"):

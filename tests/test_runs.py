@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from taskdata.beam.job import CacheOptions, run_cache_job
-from taskdata.cache_format import load_manifest
+from taskdata.cache.format import load_manifest
+from taskdata.cache.tfrecord import iter_records, read_offsets
+from taskdata.define.registry import Registry, UnknownNameError
+from taskdata.define.task import Task
 from taskdata.index import BatchSchedule, RunPlan, SkipRange, assign
 from taskdata.names import InvalidNameError
-from taskdata.registry import Registry, UnknownNameError
 from taskdata.runs import (
     CacheResolver,
     CacheUnavailableError,
@@ -31,8 +33,6 @@ from taskdata.runs import (
     build_run,
     cache_fingerprint,
 )
-from taskdata.task import Task
-from taskdata.tfrecord import iter_records, read_offsets
 
 MODULE = "tests.cache_tasks"
 TASKS = ("toy_det", "toy_random", "toy_text")

@@ -25,10 +25,10 @@ from server.assignments import AnswerCache, step_json
 from server.main import create_app
 from server.models import MAX_STEP, ReadColumns, ShardsResponse, TaskReads
 from server.settings import Settings, get_settings
+from taskdata.cache.tfrecord import iter_records
 from taskdata.index import BatchSchedule, RunPlan, SkipRange, assign, global_batch, slice_positions
-from taskdata.int_columns import column_values
+from taskdata.index.columns import column_values
 from taskdata.runs import build_run
-from taskdata.tfrecord import iter_records
 from tests.test_runs import copy_caches, current_dir, make_registry, mix_run, shared_caches
 
 TOKEN = "tok-9f8e7d6c5b4a-secret"

@@ -9,9 +9,11 @@ import uuid
 import numpy as np
 import pytest
 
-from taskdata import example_codec, fs, tfrecord
-from taskdata.shard_reader import ShardReader, ShardSummary, verify_shard
-from taskdata.tfrecord import CorruptRecordError
+from taskdata import example as example_codec
+from taskdata import fs
+from taskdata.cache import tfrecord
+from taskdata.cache.shard_reader import ShardReader, ShardSummary, verify_shard
+from taskdata.cache.tfrecord import CorruptRecordError
 
 SPEC = {"inputs": "int32", "targets": "int32", "_task": "string", "_index": "int64"}
 

@@ -127,8 +127,8 @@ def test_function_source_rejects_non_mapping_records():
 
 
 def test_tfexample_source_reads_tf_examples(tmp_path):
-    from taskdata.example_codec import encode_example
-    from taskdata.tfrecord import frame_record
+    from taskdata.cache.tfrecord import frame_record
+    from taskdata.example import encode_example
 
     path = tmp_path / "data.tfrecord"
     path.write_bytes(b"".join(frame_record(encode_example({"text": f"t{i}", "label": [i]})) for i in range(3)))
@@ -139,8 +139,8 @@ def test_tfexample_source_reads_tf_examples(tmp_path):
 
 
 def test_tfexample_source_wrong_kind_names_record(tmp_path):
-    from taskdata.example_codec import encode_example
-    from taskdata.tfrecord import frame_record
+    from taskdata.cache.tfrecord import frame_record
+    from taskdata.example import encode_example
 
     path = tmp_path / "data.tfrecord"
     path.write_bytes(frame_record(encode_example({"text": "a"})) + frame_record(encode_example({"text": [5]})))

@@ -7,8 +7,8 @@ import hashlib
 import numpy as np
 import pytest
 
+from taskdata.cache.reader import CacheReader
 from taskdata.index import BatchSchedule, RunPlan, TaskCache
-from taskdata.reader import CacheReader
 from taskdata.stream import RunReader
 from tests.test_cache_job import build
 from tests.test_reader import sequential_records

@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from taskdata import tfrecord
-from taskdata.tfrecord import CorruptRecordError
+from taskdata.cache import tfrecord
+from taskdata.cache.tfrecord import CorruptRecordError
 
 PAYLOADS = [b"first record", b"", b"the third, a little longer record"]
 

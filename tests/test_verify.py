@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from taskdata.cache_format import CacheFormatError, load_manifest
+from taskdata.cache.format import CacheFormatError, load_manifest
+from taskdata.cache.verify import verify_version
 from taskdata.cli import main
-from taskdata.verify import verify_version
 from tests.test_cache_job import build
 
 
@@ -100,7 +100,7 @@ def test_version_without_completed_is_not_a_cache(cache):
 
 
 def _record_offsets(cache: Path, name: str) -> list[int]:
-    from taskdata.tfrecord import read_offsets
+    from taskdata.cache.tfrecord import read_offsets
 
     path = cache / "index" / f"{name}.offsets"
     return [int(x) for x in read_offsets(path.read_bytes(), str(path))[:-1]]

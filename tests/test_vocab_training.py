@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import pytest
 import sentencepiece as spm
 
-from taskdata.features import Feature
+from taskdata.define.features import Feature
+from taskdata.define.task import Task
+from taskdata.define.vocab_training import SentencePieceOptions, train_from_task, train_sentencepiece
+from taskdata.define.vocabularies import ByteVocabulary, SentencePieceVocabulary
 from taskdata.sources import FunctionSource, SourceError
-from taskdata.task import Task
-from taskdata.vocab_training import SentencePieceOptions, train_from_task, train_sentencepiece
-from taskdata.vocabularies import ByteVocabulary, SentencePieceVocabulary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +44,7 @@ def test_same_text_and_options_give_byte_identical_models_in_any_process(tmp_pat
     script = textwrap.dedent(
         f"""
         from tests.test_vocab_training import python_docs
-        from taskdata.vocab_training import train_sentencepiece
+        from taskdata.define.vocab_training import train_sentencepiece
         train_sentencepiece(python_docs(0), 300, {str(tmp_path / "c.model")!r})
         """
     )

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from taskdata.vocabularies import ByteVocabulary, SentencePieceVocabulary
+from taskdata.define.vocabularies import ByteVocabulary, SentencePieceVocabulary
 
 TEXTS = ["Hello world.", "The quick brown fox jumps over the lazy dog!", "", "ünïcödé text — and 123 numbers"]
 

@@ -2,7 +2,7 @@
 
 Data path (no JAX needed): ``ServerAssignments`` / ``LocalAssignments`` -> ``DataIterator`` ->
 ``ClientBatch``. JAX side: ``make_mesh``, ``host_slice``, ``global_batch``, ``gather_batch_hash``.
-The example trainer is ``python -m trainer_client.train``.
+The example trainer is ``python -m trainer_client.example.train``.
 """
 
 from trainer_client.assignments import (
@@ -14,7 +14,6 @@ from trainer_client.assignments import (
     StepReads,
     TaskReads,
 )
-from trainer_client.checkpoint import Checkpoint, CheckpointError, latest_checkpoint, save_checkpoint
 from trainer_client.digest import batch_hash, row_digests
 from trainer_client.iterator import DataIterator, DataState, ResumeError
 from trainer_client.local_source import LocalAssignments
@@ -25,8 +24,6 @@ __all__ = [
     "AssignmentError",
     "AssignmentSource",
     "BatchReader",
-    "Checkpoint",
-    "CheckpointError",
     "ClientBatch",
     "DataIterator",
     "DataState",
@@ -39,7 +36,5 @@ __all__ = [
     "StepReads",
     "TaskReads",
     "batch_hash",
-    "latest_checkpoint",
     "row_digests",
-    "save_checkpoint",
 ]

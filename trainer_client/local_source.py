@@ -12,9 +12,9 @@ import os
 from collections.abc import Mapping
 
 from taskdata import fs
-from taskdata.cache_format import CacheFormatError, find_version, list_versions, task_dir
+from taskdata.cache.format import CacheFormatError, find_version, list_versions, task_dir
+from taskdata.cache.reader import CacheReader
 from taskdata.index import RunPlan, assign, read_runs
-from taskdata.reader import CacheReader
 from taskdata.runs import StoredRun
 from trainer_client.assignments import HostSlice, Read, RunInfo, StepReads, TaskReads
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from taskdata.reader import CacheReader
+from taskdata.cache.reader import CacheReader
 from taskdata.stream import pad_features
 from trainer_client.assignments import AssignmentError, RunInfo, StepReads
 

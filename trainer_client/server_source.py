@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from taskdata.index import PlanError, RunPlan
-from taskdata.int_columns import column_values
+from taskdata.index.columns import column_values
 from taskdata.runs import StoredRun
 from trainer_client.assignments import (
     AssignmentError,

@@ -19,7 +19,7 @@ from server.assignments import AnswerCache, shards_body, step_json
 from server.models import MAX_STEP, ErrorResponse, ShardsQuery, ShardsResponse
 from server.state import ServerState, get_state
 from taskdata.index import PlanError, data_shard_for_host
-from taskdata.int_columns import ColumnEncoding
+from taskdata.index.columns import ColumnEncoding
 from taskdata.runs import StoredRun
 
 __all__ = ["router"]

@@ -12,7 +12,6 @@ import dataclasses
 import datetime
 import json
 import math
-import os
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from taskdata import fs
-from taskdata.cache_format import (
+from taskdata.cache.format import (
     CacheFormatError,
     Manifest,
     ShardEntry,
@@ -33,9 +32,10 @@ from taskdata.cache_format import (
     manifest_bytes,
     task_dir,
 )
-from taskdata.stats import FeatureStats
+from taskdata.cache.stats import FeatureStats
+from taskdata.config import Config
 
-__all__ = ["CacheJobError", "CacheOptions", "CacheResult", "default_cache_root", "run_cache_job"]
+__all__ = ["CacheJobError", "CacheOptions", "CacheResult", "run_cache_job"]
 
 # On real C4 a shard of span-corruption records is ~1.1x the size of the uncompressed source text it
 # came from, so sizing by source bytes keeps shards near the target (100-500 MB).
@@ -60,6 +60,8 @@ class CacheOptions:
     beam_args: tuple[str, ...] = ()
     spill_buffer_bytes: int = 64 << 20
     progress: bool = True
+    # What the built-in tasks read (and where they build it): the workers register them from this.
+    config: Config = dataclasses.field(default_factory=Config)
 
     def __post_init__(self) -> None:
         from taskdata.seeding import check_seed
@@ -76,12 +78,6 @@ class CacheResult:
     reused: bool
     manifest: Manifest
     seconds: float
-
-
-def default_cache_root() -> str:
-    home = os.environ.get("TASKDATA_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "taskdata")
-    return os.path.join(home, "caches")
 
 
 def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], None] | None = None) -> CacheResult:
@@ -117,7 +113,7 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
 
     spec = CacheJobSpec(
         task=task.name, task_fingerprint=task_fingerprint, modules=tuple(options.modules),
-        environment=_forwarded_environment(), seed=options.seed, version_dir=version_dir, tmp_dir=tmp_dir,
+        config=options.config.to_tuple(), seed=options.seed, version_dir=version_dir, tmp_dir=tmp_dir,
         num_shards=tuple(sorted(num_shards.items())), spill_buffer_bytes=options.spill_buffer_bytes,
     )
     log(f"[cache] task {task.name} (fingerprint {task_fingerprint[:12]}), seed {options.seed}, "
@@ -136,12 +132,6 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
 
 def _default_num_shards(estimated_bytes: int | None) -> int:
     return max(MIN_SHARDS, math.ceil((estimated_bytes or 0) / TARGET_SHARD_BYTES))
-
-
-def _forwarded_environment() -> tuple[tuple[str, str], ...]:
-    # Where sources and vocabularies are resolved from must be the same on every worker.
-    keys = ("TASKDATA_C4_DIR", "TASKDATA_VOCAB", "TASKDATA_HOME")
-    return tuple((k, os.environ[k]) for k in keys if os.environ.get(k))
 
 
 def _check_writable(folder: str) -> None:
@@ -284,7 +274,7 @@ def _finalize(task: Any, spec: Any, splits: Sequence[str], num_shards: dict[str,
         sequence_length=dict(task.sequence_length or {}), features=features, splits=split_manifests,
     )
     if options.verify:
-        from taskdata.verify import verify_shards
+        from taskdata.cache.verify import verify_shards
 
         started = time.monotonic()
         problems = verify_shards(spec.version_dir, manifest)

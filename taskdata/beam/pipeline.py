@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from taskdata import fs
-from taskdata.cache_format import offsets_name, shard_name
+from taskdata.cache.format import offsets_name, shard_name
 from taskdata.fingerprint import canonical_json
 
 
@@ -54,7 +54,7 @@ class CacheJobSpec:
     task: str
     task_fingerprint: str
     modules: tuple[str, ...]
-    environment: tuple[tuple[str, str], ...]
+    config: tuple[str, str | None, str | None]  # taskdata.config.Config.to_tuple()
     seed: int
     version_dir: str
     tmp_dir: str
@@ -66,11 +66,10 @@ class CacheJobSpec:
 
 
 def _load_task(spec: CacheJobSpec) -> Any:
-    for key, value in spec.environment:
-        os.environ[key] = value
-    from taskdata.registry import default_registry
+    from taskdata.config import Config
+    from taskdata.tasks import default_registry
 
-    registry = default_registry()
+    registry = default_registry(Config(*spec.config))
     for module in spec.modules:
         registry.load_module(module)
     task = registry.get_task(spec.task)
@@ -90,7 +89,7 @@ PROVENANCE = "provenance/"
 def encode_cache_record(task: Any, example: Mapping[str, Any], split: str, source_shard: str,
                         shard_index: int, ordinal: int, seed: int) -> bytes:
     """The tf.train.Example of one final example plus seqio-style provenance features."""
-    from taskdata.example_codec import encode_example
+    from taskdata.example import encode_example
 
     features: dict[str, Any] = {k: v for k, v in example.items() if not k.startswith("_")}
     first = example.get("_source_first", example.get("_source_index", ordinal))
@@ -137,8 +136,8 @@ def preprocess_source_shard(spec: CacheJobSpec, split: str, shard_index: int, so
                             task: Any) -> Iterator[tuple[tuple[str, int], tuple[str, int, int, int]]]:
     """Runs the task on one source shard; spills keyed records; yields (split, dest) -> segment."""
     from taskdata.beam.spill import SpillWriter
-    from taskdata.shuffle import shuffle_key
-    from taskdata.stats import FeatureStats
+    from taskdata.cache.shuffle import shuffle_key
+    from taskdata.cache.stats import FeatureStats
 
     ctx = task.shard_context(split, shard_index, spec.seed)
     num_shards = spec.shards_of(split)
@@ -190,7 +189,7 @@ def write_output_shard(spec: CacheJobSpec, split: str, dest: int, segments: list
 
 
 def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: int, records: Any) -> None:
-    from taskdata.tfrecord import TFRecordWriter, write_offsets
+    from taskdata.cache.tfrecord import TFRecordWriter, write_offsets
 
     name = shard_name(split, dest, num_shards)
     path = fs.join(spec.version_dir, name)
@@ -237,7 +236,7 @@ class _HashingFile:
 
 
 def _describe_record(record: bytes) -> str:
-    from taskdata.example_codec import decode_example
+    from taskdata.example import decode_example
 
     example = decode_example(record)
 

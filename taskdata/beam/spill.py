@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from taskdata import fs
-from taskdata.shuffle import shard_of_key
+from taskdata.cache.shuffle import shard_of_key
 
 __all__ = ["Segment", "SpillWriter", "read_segment"]
 

@@ -38,7 +38,7 @@ def squad(targets: Sequence[str | Sequence[str]], predictions: Sequence[str]) ->
             raise MetricError(
                 f"squad: example {index} must pair a string prediction with an answer string or a non-empty "
                 f"list of answer strings but got target {target!r:.80} and prediction {prediction!r:.80}. "
-                "For SQuAD tasks, postprocess targets to the example's answers (taskdata.postprocessors.qa)."
+                "For SQuAD tasks, postprocess targets to the example's answers (taskdata.define.postprocessors.qa)."
             )
         normalized_prediction = normalize_squad(prediction)
         normalized_answers = [normalize_squad(a) for a in answers]

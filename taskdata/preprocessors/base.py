@@ -26,7 +26,7 @@ import numpy as np
 from taskdata.seeding import example_rng
 
 if TYPE_CHECKING:
-    from taskdata.features import Feature
+    from taskdata.define.features import Feature
 
 __all__ = ["Example", "Preprocessor", "ShardContext"]
 

@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from taskdata.define.vocabularies import PAD_ID
 from taskdata.preprocessors.base import Example, ShardContext
-from taskdata.vocabularies import PAD_ID
 
 __all__ = [
     "ChunkBatch",

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from taskdata.define.vocabularies import EOS_ID, PAD_ID
 from taskdata.preprocessors.base import Example, ShardContext
 from taskdata.preprocessors.chunking import (
     ChunkBatch,
@@ -20,7 +21,6 @@ from taskdata.preprocessors.chunking import (
 from taskdata.preprocessors.counter_random import example_keys, random_words, stream_key, uniform_below
 from taskdata.preprocessors.eos import append_to_innermost_axis
 from taskdata.preprocessors.sequence_lengths import required_length
-from taskdata.vocabularies import EOS_ID, PAD_ID
 
 __all__ = ["MaskedLM"]
 

@@ -6,8 +6,8 @@ import dataclasses
 import itertools
 from collections.abc import Iterator
 
+from taskdata.define.vocabularies import Vocabulary
 from taskdata.preprocessors.base import Example, ShardContext
-from taskdata.vocabularies import Vocabulary
 
 __all__ = ["Tokenize"]
 

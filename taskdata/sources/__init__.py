@@ -2,7 +2,7 @@
 deterministic order, so that every record has a stable (shard, index) identity."""
 
 from taskdata.sources.base import Source, SourceError
-from taskdata.sources.c4 import C4Source, resolve_c4_dir
+from taskdata.sources.c4 import C4Source
 from taskdata.sources.files import ParquetSource, TextLineSource, TFExampleSource
 from taskdata.sources.function import FunctionSource
 
@@ -14,5 +14,4 @@ __all__ = [
     "SourceError",
     "TFExampleSource",
     "TextLineSource",
-    "resolve_c4_dir",
 ]

@@ -1,15 +1,14 @@
 """C4 in allenai/c4's exact JSON-lines format: ``{"text", "timestamp", "url"}`` per line.
 
 Files are named like ``c4-train.00000-of-01024.json.gz`` (or ``.json``) in one folder, local or on
-``gs://``. With no folder given, ``TASKDATA_C4_DIR`` is used, else the built-in corpus, which is built
-on first use into the user's cache folder.
+``gs://``. The folder may be given as a function that returns it, so that a task can be declared before
+its files exist (the built-in tasks' corpus is built on first use).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from taskdata import fs
@@ -21,33 +20,24 @@ from taskdata.sources.base import (
     iter_text_lines,
 )
 
-__all__ = ["C4_DIR_ENV", "C4Source", "resolve_c4_dir"]
-
-C4_DIR_ENV = "TASKDATA_C4_DIR"
-
-
-def resolve_c4_dir(data_dir: str | None = None) -> str:
-    """The folder to read C4 from: ``data_dir``, else ``$TASKDATA_C4_DIR``, else the built-in corpus."""
-    if data_dir:
-        return data_dir
-    from_env = os.environ.get(C4_DIR_ENV)
-    if from_env:
-        return from_env
-    from taskdata import corpus
-
-    return corpus.ensure_builtin_corpus()
+__all__ = ["C4Source"]
 
 
 class C4Source(Source):
     """C4 JSON-lines files for the splits ``train`` and ``validation``."""
 
-    def __init__(self, data_dir: str | None = None, splits: tuple[str, ...] = ("train", "validation")):
+    def __init__(self, data_dir: str | Callable[[], str], splits: tuple[str, ...] = ("train", "validation")):
+        if not callable(data_dir) and (not isinstance(data_dir, str) or not data_dir):
+            raise ValueError(
+                f"C4Source needs the folder of C4 JSON-lines files (or a function returning it) but got "
+                f"{data_dir!r}: for example C4Source('gs://my-bucket/c4/en')."
+            )
         self._data_dir = data_dir
         self._splits = tuple(splits)
 
     @property
     def data_dir(self) -> str:
-        return resolve_c4_dir(self._data_dir)
+        return self._data_dir() if callable(self._data_dir) else self._data_dir
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -61,8 +51,8 @@ class C4Source(Source):
         if not files:
             raise FileNotFoundError(
                 f"No C4 files for split {split!r} in {base!r}: expected files named like "
-                f"'c4-{split}.00000-of-01024.json.gz'. Pass the folder of the C4 'en' variant with "
-                f"--c4-dir or ${C4_DIR_ENV}."
+                f"'c4-{split}.00000-of-01024.json.gz'. Pass the folder of the C4 'en' variant (for the "
+                "built-in tasks: taskdata --c4-dir DIR, or $TASKDATA_C4_DIR)."
             )
         return files
 

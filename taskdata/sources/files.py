@@ -86,18 +86,19 @@ class TFExampleSource(_FileSource):
         return {"features": dict(sorted(self._features.items()))}
 
     def read_shard(self, split: str, shard: str) -> Iterator[dict[str, Any]]:
-        from taskdata import example_codec, tfrecord
+        from taskdata.cache import tfrecord
+        from taskdata.example import decode_example, has_kind
 
         with fs.open_file(shard, "rb") as f:
             for index, record in enumerate(tfrecord.iter_records(f, shard)):
                 try:
-                    example = example_codec.decode_example(record)
+                    example = decode_example(record)
                 except ValueError as e:
                     raise SourceError(shard, f"record {index}", f"not a tf.train.Example: {e}") from e
                 for name, kind in self._features.items():
                     if name not in example:
                         raise SourceError(shard, f"record {index}", f"missing feature {name!r}")
-                    if not example_codec.has_kind(example[name], kind):
+                    if not has_kind(example[name], kind):
                         raise SourceError(
                             shard, f"record {index}", f"feature {name!r} is not of kind {kind!r}"
                         )

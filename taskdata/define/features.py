@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from taskdata.vocabularies import Vocabulary
+from taskdata.define.vocabularies import Vocabulary
 
 __all__ = ["Feature"]
 

@@ -46,18 +46,17 @@ from typing import Any
 import numpy as np
 
 from taskdata import fs
+from taskdata.config import default_home
 from taskdata.seeding import check_seed, derive_seed, example_rng
 
 __all__ = [
     "CORPUS_MANIFEST",
     "DEFAULT_PARAMETERS",
     "DEFAULT_VOCAB_SIZE",
-    "HOME_ENV",
     "RECIPE_VERSION",
     "CorpusParameters",
     "build_corpus",
     "builtin_corpus_dir",
-    "cache_home",
     "ensure_builtin_corpus",
     "ensure_builtin_vocabulary",
     "read_manifest",
@@ -65,7 +64,6 @@ __all__ = [
 
 RECIPE_VERSION = 1
 CORPUS_MANIFEST = "CORPUS.json"
-HOME_ENV = "TASKDATA_HOME"
 DEFAULT_VOCAB_SIZE = 8_000
 
 # Standard-library modules whose docstrings are English prose. Fixed and sorted so that the recipe
@@ -611,18 +609,10 @@ def read_manifest(corpus_dir: str) -> dict[str, Any]:
 # ---------------------------------------------------------------- the user's cached copies
 
 
-def cache_home() -> str:
-    """``$TASKDATA_HOME``, else ``$XDG_CACHE_HOME/taskdata``, else ``~/.cache/taskdata``."""
-    home = os.environ.get(HOME_ENV)
-    if home:
-        return home
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(xdg, "taskdata")
-
-
 def builtin_corpus_dir(params: CorpusParameters = DEFAULT_PARAMETERS, home: str | None = None) -> str:
-    """Where ``ensure_builtin_corpus`` keeps the corpus for ``params`` (it may not exist yet)."""
-    return os.path.join(_check_local(home or cache_home()), "corpus", params.folder_name)
+    """Where ``ensure_builtin_corpus`` keeps the corpus for ``params`` under ``home`` (default
+    ``taskdata.config.default_home()``); it may not exist yet."""
+    return os.path.join(_check_local(home or default_home()), "corpus", params.folder_name)
 
 
 @contextmanager
@@ -673,8 +663,8 @@ def ensure_builtin_vocabulary(
 
     Kept inside the corpus folder and trained once; racing processes use the first one published.
     """
+    from taskdata.define.vocab_training import SentencePieceOptions, train_from_source
     from taskdata.sources.c4 import C4Source
-    from taskdata.vocab_training import SentencePieceOptions, train_from_source
 
     corpus_dir = ensure_builtin_corpus(params, home)
     path = os.path.join(corpus_dir, f"sentencepiece-{SentencePieceOptions(vocab_size).file_tag}.model")

@@ -15,7 +15,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from taskdata import example_codec, fs, tfrecord
+from taskdata import example, fs
+from taskdata.cache import tfrecord
 
 __all__ = ["ShardReader", "ShardSummary", "verify_shard"]
 
@@ -27,7 +28,7 @@ class ShardReader:
 
     Args:
       path: the shard (local path or fsspec URL).
-      offsets: the shard's offsets as :func:`taskdata.tfrecord.read_offsets` returns them (record
+      offsets: the shard's offsets as :func:`taskdata.cache.tfrecord.read_offsets` returns them (record
         starts, then the file length).
       max_record_bytes: records longer than this are rejected as corrupt (the manifest's maximum).
       verify_crc: check both CRCs of every record (framing is always checked against the offsets).
@@ -71,13 +72,13 @@ class ShardReader:
     def read_batch(self, first: int, count: int, feature_spec: Mapping[str, str]) -> dict[str, Any]:
         """Records ``[first, first + count)`` verified and decoded: ``{name: RaggedFeature}``.
 
-        ``feature_spec`` maps feature names to dtypes, as :func:`taskdata.example_codec.decode_batch`.
+        ``feature_spec`` maps feature names to dtypes, as :func:`taskdata.example.decode_batch`.
         A record that is not a valid example for it is reported like a corrupt record.
         """
         buffer, starts, ends = self._read_frames(first, count)
         try:
-            return example_codec.decode_buffer(buffer, starts, ends, feature_spec)
-        except example_codec.ExampleDecodeError as err:
+            return example.decode_buffer(buffer, starts, ends, feature_spec)
+        except example.ExampleDecodeError as err:
             index = first + err.record_index
             raise tfrecord.CorruptRecordError(
                 self._path, index, int(self._offsets[index]), f"it is not a valid example: {err.reason}"

@@ -23,11 +23,11 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from taskdata import fs
+from taskdata.define.vocabularies import EOS_ID, PAD_ID, UNK_ID
 from taskdata.sources.base import Source, SourceError
-from taskdata.vocabularies import EOS_ID, PAD_ID, UNK_ID
 
 if TYPE_CHECKING:
-    from taskdata.task import Task
+    from taskdata.define.task import Task
 
 __all__ = [
     "SentencePieceOptions",

@@ -1,8 +1,8 @@
 """An example trainer: a tiny encoder-decoder trained on a cached task with exact, elastic resume.
 
-    python -m trainer_client.train --server http://127.0.0.1:8000 --run c4_sc --steps 1000 \\
+    python -m trainer_client.example.train --server http://127.0.0.1:8000 --run c4_sc --steps 1000 \\
         --checkpoint-dir ckpt --log batches.jsonl
-    python -m trainer_client.train --cache-root ~/.taskdata/caches --run c4_sc ...   (no server)
+    python -m trainer_client.example.train --cache-root ~/.taskdata/caches --run c4_sc ...   (no server)
 
 Several hosts: start one process per host with ``--coordinator HOST:PORT --num-processes P
 --process-id I`` (``jax.distributed``). Every host reads its slice of each global batch (from the
@@ -18,7 +18,7 @@ one JSON line per step with the hash of the global batch as assembled across hos
 With ``--predictions-out FILE``, a run that reaches ``--steps`` (also a restart with nothing left to
 train) then has process 0 greedily decode the ``targets`` of the first ``--predict-examples`` examples
 of ``--predict-split`` of every task of the run and write them as JSON lines for ``taskdata eval``
-(``trainer_client.predict``); the other processes wait for it.
+(``trainer_client.example.predict``); the other processes wait for it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ __all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer_client.train", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trainer_client.example.train", description=__doc__.split("\n\n")[0])
     source = p.add_argument_group("data (one of --server or --cache-root)")
     source.add_argument("--server", help="assignment server URL, e.g. http://127.0.0.1:8000")
     source.add_argument("--cache-root", help="read the run from this cache root without a server")
@@ -194,9 +194,11 @@ def _source(args: argparse.Namespace) -> Any:
 
 
 def _registry(args: argparse.Namespace) -> Any:
-    from taskdata.registry import default_registry
+    from taskdata.config import Config
+    from taskdata.tasks import default_registry
 
-    registry = default_registry()
+    # The trainer is an entry point: $TASKDATA_VOCAB / $TASKDATA_C4_DIR / $TASKDATA_HOME apply here.
+    registry = default_registry(Config.from_environment())
     for module in args.module:
         registry.load_module(module)
     return registry
@@ -208,7 +210,7 @@ def _predict(args: argparse.Namespace, params: Any, config: Any, lengths: dict[s
 
     host_params = _to_host(params)  # a collective: every process takes part
     if jax.process_index() == 0:
-        from trainer_client.predict import predict_run, write_predictions
+        from trainer_client.example.predict import predict_run, write_predictions
 
         source = _source(args)
         try:
@@ -241,7 +243,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import numpy as np
     from jax.experimental import multihost_utils
 
-    from trainer_client.adam import AdamConfig, adam_specs, adam_update, init_adam
     from trainer_client.arrays import (
         batch_sharding,
         gather_batch_hash,
@@ -250,10 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         make_mesh,
         replicated,
     )
-    from trainer_client.batch_log import BatchLog
-    from trainer_client.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
+    from trainer_client.example.adam import AdamConfig, adam_specs, adam_update, init_adam
+    from trainer_client.example.batch_log import BatchLog
+    from trainer_client.example.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
+    from trainer_client.example.model import ModelConfig, init_params, loss_fn, param_shapes, param_specs
     from trainer_client.iterator import DataIterator, DataState
-    from trainer_client.model import ModelConfig, init_params, loss_fn, param_shapes, param_specs
 
     if args.compilation_cache:
         jax.config.update("jax_compilation_cache_dir", args.compilation_cache)

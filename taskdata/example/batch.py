@@ -3,7 +3,7 @@
 ``decode_batch`` / ``decode_buffer`` decode many records at once: when every record shares one layout
 (what a writer of one feature set produces), all of them are parsed together with numpy, each step
 vectorized over records; otherwise (or when anything differs from that layout) they fall back to the
-generic parser of :mod:`taskdata.example_codec`, record by record, which decodes them or raises the
+generic parser of :mod:`taskdata.example`, record by record, which decodes them or raises the
 precise error.
 """
 
@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from taskdata.example_codec import (
+from taskdata.example.decode import _decode_example
+from taskdata.example.wire import (
     _BYTES_TAG,
     _FLOAT_TAG,
     _INT_TAG,
     _PAD,
     Value,
-    _decode_example,
     _iter_fields,
     _varint,
     _varints_at,
@@ -31,7 +31,7 @@ from taskdata.example_codec import (
 
 __all__ = ["DTYPES", "ExampleDecodeError", "RaggedFeature", "decode_batch", "decode_buffer"]
 
-# Feature dtypes of a batch spec (the dtypes of ``taskdata.features.Feature``) and their proto kinds.
+# Feature dtypes of a batch spec (the dtypes of ``taskdata.define.features.Feature``) and their proto kinds.
 DTYPES = {"int32": "int", "int64": "int", "float32": "float", "string": "bytes"}
 _TAG_KIND = {_BYTES_TAG: "bytes", _FLOAT_TAG: "float", _INT_TAG: "int"}
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from taskdata import fs
-from taskdata.cache_format import CacheFormatError, Manifest, completed_path, load_manifest
+from taskdata.cache.format import CacheFormatError, Manifest, completed_path, load_manifest
 
 __all__ = ["CacheReader", "feature_spec"]
 
@@ -100,7 +100,7 @@ class CacheReader:
         return out
 
     def _gather(self, split: str, shard: int, records: np.ndarray) -> list[bytes]:
-        from taskdata.tfrecord import CorruptRecordError, check_frames
+        from taskdata.cache.tfrecord import CorruptRecordError, check_frames
 
         reader, offsets = self._reader(split, shard)
         count = len(offsets) - 1
@@ -127,7 +127,7 @@ class CacheReader:
 
     @staticmethod
     def _ranged(f: Any, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
-        from taskdata.tfrecord import read_full
+        from taskdata.cache.tfrecord import read_full
 
         order = np.argsort(starts, kind="stable")
         parts: dict[int, bytes] = {}
@@ -151,7 +151,7 @@ class CacheReader:
 
     def decode(self, records: Sequence[bytes], spec: Mapping[str, str] | None = None) -> dict[str, Any]:
         """``{feature: RaggedFeature}`` for ``records`` (default spec: the cache's own features)."""
-        from taskdata.example_codec import decode_batch
+        from taskdata.example import decode_batch
 
         return decode_batch(records, spec or feature_spec(self.manifest))
 
@@ -179,8 +179,8 @@ class CacheReader:
     def _reader(self, split: str, shard: int) -> tuple[Any, np.ndarray]:
         key = (split, int(shard))
         if key not in self._shards:
-            from taskdata.shard_reader import ShardReader
-            from taskdata.tfrecord import read_offsets
+            from taskdata.cache.shard_reader import ShardReader
+            from taskdata.cache.tfrecord import read_offsets
 
             entry = self._entry(split, shard)
             offsets_path = fs.join(self.version_dir, entry.offsets_file)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from taskdata.features import Feature
+from taskdata.define.features import Feature
 from taskdata.fingerprint import describe, fingerprint
 from taskdata.names import validate_name
 from taskdata.preprocessors.base import Example, ShardContext

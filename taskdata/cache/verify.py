@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Callable
 
 from taskdata import fs
-from taskdata.cache_format import Manifest, ShardEntry, load_manifest
+from taskdata.cache.format import Manifest, ShardEntry, load_manifest
 
 __all__ = ["verify_shards", "verify_version"]
 
@@ -33,8 +33,8 @@ def verify_shards(version_dir: str, manifest: Manifest, on_shard: Callable[[str]
 
 
 def _check_shard(version_dir: str, split_name: str, entry: ShardEntry) -> str | None:
-    from taskdata.shard_reader import verify_shard
-    from taskdata.tfrecord import CorruptRecordError, read_offsets
+    from taskdata.cache.shard_reader import verify_shard
+    from taskdata.cache.tfrecord import CorruptRecordError, read_offsets
 
     path = fs.join(version_dir, entry.file)
     offsets_path = fs.join(version_dir, entry.offsets_file)

@@ -11,7 +11,7 @@ from the registry, which must be the one the cache was built with (checked again
 "First" is in cache order (shard 0 from its first record, then shard 1, ...). A cache is globally
 shuffled, so these examples are a uniform sample of the split, the same for every run of that cache.
 
-The forward pass is ``trainer_client.model.loss_fn``'s, split in two so that the encoder runs once
+The forward pass is ``trainer_client.example.model.loss_fn``'s, split in two so that the encoder runs once
 and the decoder once per generated position; a test pins that its teacher-forced logits give
 ``loss_fn``'s loss, so predictions come from the model that was trained.
 """
@@ -28,12 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from taskdata import fs
-from taskdata.cache_format import CacheFormatError
-from taskdata.reader import CacheReader
+from taskdata.cache.format import CacheFormatError
+from taskdata.cache.reader import CacheReader
 from taskdata.seeding import format_example_id
 from taskdata.stream import pad_features
 from trainer_client.assignments import AssignmentError, AssignmentSource, HostSlice
-from trainer_client.model import ModelConfig, _decoder_hidden, _logits, decoder_logits, encode
+from trainer_client.example.model import ModelConfig, _decoder_hidden, _logits, decoder_logits, encode
 
 __all__ = [
     "decoder_logits",

@@ -6,9 +6,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from taskdata.define.task import Task
 from taskdata.fingerprint import fingerprint
 from taskdata.names import validate_name
-from taskdata.task import Task
 
 __all__ = ["Mixture", "MixtureError"]
 

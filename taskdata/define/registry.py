@@ -1,8 +1,8 @@
 """Registries of tasks and mixtures: plain objects, with one default instance for user modules.
 
-User modules register into the default registry with ``taskdata.add_task`` / ``taskdata.add_mixture``
-(or ``default_registry().add_task``); tests make a fresh ``Registry()``. Names are looked up here
-and nowhere else: a name never becomes a path without passing through ``get``.
+User modules register into the default registry (``taskdata.tasks.default_registry``) with
+``taskdata.add_task`` / ``taskdata.add_mixture``; tests make a fresh ``Registry()``. Names are looked up
+here and nowhere else: a name never becomes a path without passing through ``get``.
 """
 
 from __future__ import annotations
@@ -15,18 +15,15 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from taskdata.mixture import Mixture, MixtureError, Rate
+from taskdata.define.mixture import Mixture, MixtureError, Rate
+from taskdata.define.task import Task
 from taskdata.names import validate_name
-from taskdata.task import Task
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "DuplicateNameError",
     "Registry",
     "UnknownNameError",
-    "add_mixture",
-    "add_task",
-    "default_registry",
 ]
 
 ENTRY_POINT_GROUP = "taskdata.tasks"
@@ -53,12 +50,13 @@ class Registry:
         self._lock = threading.Lock()
 
     # Registration -------------------------------------------------------------------------
-    def add(self, item: Task | Mixture) -> Task | Mixture:
+    def add(self, item: Task | Mixture, *, replace: bool = False) -> Task | Mixture:
+        """Registers ``item``; a name registered before is an error unless ``replace``."""
         if not isinstance(item, Task | Mixture):
             raise TypeError(f"Only Task and Mixture objects can be registered, not {type(item).__name__}.")
         origin = _caller_location()
         with self._lock:
-            if item.name in self._items:
+            if item.name in self._items and not replace:
                 kind = "task" if isinstance(self._items[item.name], Task) else "mixture"
                 raise DuplicateNameError(
                     f"{kind.capitalize()} {item.name!r} is already registered (first registered at "
@@ -70,13 +68,13 @@ class Registry:
         return item
 
     def add_task(self, name: str, source: Any, preprocessors: Sequence[Any] = (), *, output_features: Any,
-                 **kwargs: Any) -> Task:
+                 replace: bool = False, **kwargs: Any) -> Task:
         task = Task(name=name, source=source, preprocessors=preprocessors, output_features=output_features, **kwargs)
-        self.add(task)
+        self.add(task, replace=replace)
         return task
 
     def add_mixture(self, name: str, tasks: Iterable[str | Task | Mixture | tuple[str | Task | Mixture, Rate]],
-                    default_rate: Rate | None = None) -> Mixture:
+                    default_rate: Rate | None = None, *, replace: bool = False) -> Mixture:
         """Registers a mixture of ``tasks``: names or objects, each optionally paired with a rate.
 
         A rate is a positive number or a function of the task (e.g. its example count). Nested mixtures
@@ -113,7 +111,7 @@ class Registry:
         ordered = list(weights)
         mixture = Mixture(name=name, tasks=tuple(resolved[n] for n in ordered),
                           rates=tuple(weights[n] / total for n in ordered))
-        self.add(mixture)
+        self.add(mixture, replace=replace)
         return mixture
 
     # Lookup -------------------------------------------------------------------------------
@@ -202,40 +200,13 @@ def _rate_value(mixture: str, component: str, rate: Rate, task: Task | None) -> 
     return float(value)
 
 
+# Frames of these modules are registration helpers (``taskdata.add_task`` lives in taskdata.tasks): the
+# origin of a registration is the first frame outside them.
+_HELPER_MODULES = frozenset({__name__, "taskdata.tasks"})
+
+
 def _caller_location() -> str:
-    here = __file__
     for frame in inspect.stack()[1:]:
-        if frame.filename != here:
+        if frame.frame.f_globals.get("__name__") not in _HELPER_MODULES:
             return f"{frame.filename}:{frame.lineno}"
     return "<unknown>"
-
-
-_default: Registry | None = None
-_default_lock = threading.Lock()
-
-
-def default_registry() -> Registry:
-    """The process-wide registry: built-in tasks, installed entry points and user modules."""
-    global _default
-    if _default is None:
-        with _default_lock:
-            if _default is None:
-                from taskdata.tasks import register_builtin_tasks
-
-                registry = Registry()
-                register_builtin_tasks(registry)
-                registry.load_entry_points()
-                _default = registry
-    return _default
-
-
-def add_task(*args: Any, **kwargs: Any) -> Task:
-    """Registers a task in the default registry (for user modules)."""
-    return default_registry().add_task(*args, **kwargs)
-
-
-def add_mixture(*args: Any, **kwargs: Any) -> Mixture:
-    """Registers a mixture in the default registry (for user modules)."""
-    return default_registry().add_mixture(*args, **kwargs)
-
-

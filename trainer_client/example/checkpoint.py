@@ -25,7 +25,7 @@ from trainer_client.iterator import DataState
 
 __all__ = ["Checkpoint", "CheckpointError", "latest_checkpoint", "list_checkpoints", "save_checkpoint"]
 
-FORMAT = "trainer_client.checkpoint/1"
+FORMAT = "trainer_client.example.checkpoint/1"
 _NAME = re.compile(r"^step-(\d{9,})\.json$")
 _TMP = ".tmp-"
 

@@ -1,0 +1,17 @@
+"""``tf.train.Example`` records in numpy, without TensorFlow: encode, decode one, decode a batch."""
+
+from taskdata.example.batch import DTYPES, ExampleDecodeError, RaggedFeature, decode_batch, decode_buffer
+from taskdata.example.decode import decode_example
+from taskdata.example.encode import encode_example
+from taskdata.example.wire import has_kind
+
+__all__ = [
+    "DTYPES",
+    "ExampleDecodeError",
+    "RaggedFeature",
+    "decode_batch",
+    "decode_buffer",
+    "decode_example",
+    "encode_example",
+    "has_kind",
+]

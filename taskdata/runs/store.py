@@ -1,0 +1,236 @@
+"""Training runs next to their caches: build a ``RunPlan`` from cached tasks, store it, resolve its caches.
+
+A run pins, for every task it reads, the exact bytes of one cache version: ``TaskCache.fingerprint``
+is that version's manifest sha256 (what its ``COMPLETED`` marker holds), and ``shard_record_counts``
+come from the manifest's split. Runs are stored durably in the cache root::
+
+    {root}/_runs/{name}.json      {"format": "taskdata.run/1", "plan": RunPlan.to_dict(), "split": "train"}
+
+Creating a run is idempotent (the same plan again is accepted), and a different plan under an existing
+name is refused: a run's data never changes once trainers may have read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from taskdata import fs
+from taskdata.cache.format import (
+    CacheFormatError,
+    completed_path,
+    current_version,
+    load_manifest,
+    task_dir,
+)
+from taskdata.index import BatchSchedule, PlanError, RunPlan, SkipRange
+from taskdata.names import InvalidNameError, validate_name
+
+__all__ = [
+    "RUNS_DIR",
+    "CacheUnavailableError",
+    "RunConflictError",
+    "RunError",
+    "RunStore",
+    "StoredRun",
+    "build_run",
+    "cache_fingerprint",
+]
+
+RUNS_DIR = "_runs"
+RUN_FORMAT = "taskdata.run/1"
+
+
+class RunError(ValueError):
+    """A run that cannot be built, stored or read as asked; the message names the fix."""
+
+
+class RunConflictError(RunError):
+    """A different plan stored under a run name that is already taken."""
+
+
+class CacheUnavailableError(ValueError):
+    """A cache version a run needs that is missing, incomplete or fails verification."""
+
+    def __init__(self, task: str, reason: str):
+        self.task = task
+        self.reason = reason
+        super().__init__(f"Cache of task {task!r} is not available: {reason}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredRun:
+    """A run plan and the cache split it reads (the plan pins versions; the split picks their records)."""
+
+    plan: RunPlan
+    split: str = "train"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.plan, RunPlan):
+            raise RunError(f"A stored run needs a RunPlan but got {type(self.plan).__name__}.")
+        try:
+            validate_name(self.split, kind="split")
+        except InvalidNameError as error:
+            raise RunError(str(error)) from None
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": RUN_FORMAT, "plan": self.plan.to_dict(), "split": self.split}
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "run") -> StoredRun:
+        """A run record, or a bare ``RunPlan.to_dict()`` (which reads split 'train')."""
+        try:
+            if isinstance(data, dict) and "format" in data:
+                if data["format"] != RUN_FORMAT or set(data) != {"format", "plan", "split"}:
+                    raise RunError(
+                        f"{where}: a run record must be {{'format': {RUN_FORMAT!r}, 'plan': ..., 'split': ...}} "
+                        f"but has format {data['format']!r} and keys {sorted(data)}."
+                    )
+                return cls(RunPlan.from_dict(data["plan"]), data["split"])
+            return cls(RunPlan.from_dict(data))
+        except PlanError as error:
+            raise RunError(f"{where}: {error}") from None
+
+
+def cache_fingerprint(version_dir: str) -> str:
+    """The manifest sha256 of a complete version (checked against its COMPLETED marker)."""
+    load_manifest(version_dir)  # raises CacheFormatError unless COMPLETED matches the manifest
+    return json.loads(fs.read_bytes(completed_path(version_dir)))["manifest_sha256"]
+
+
+def build_run(
+    registry: Any,
+    cache_root: str,
+    *,
+    name: str,
+    mixture: str,
+    seed: int,
+    schedule: BatchSchedule,
+    num_data_shards: int,
+    skip: Sequence[SkipRange] = (),
+    split: str = "train",
+) -> StoredRun:
+    """A run over the CURRENT complete cache version of every task of ``mixture`` (a task or mixture)."""
+    from taskdata.define.mixture import Mixture
+    from taskdata.index import TaskCache
+
+    item = registry.get(mixture)  # validates the name; unknown names list close matches
+    if isinstance(item, Mixture):
+        rates: dict[str, float] | None = dict(zip(item.task_names, item.rates, strict=True))
+        tasks = list(item.task_names)
+    else:
+        rates, tasks = None, [item.name]
+    caches = {}
+    for task in tasks:
+        root = task_dir(cache_root, task)
+        try:
+            version_dir = current_version(root)
+            if version_dir is None:
+                raise CacheFormatError(f"{root} has no CURRENT complete version")
+            manifest = load_manifest(version_dir)
+            fingerprint = json.loads(fs.read_bytes(completed_path(version_dir)))["manifest_sha256"]
+        except (CacheFormatError, OSError) as error:
+            raise CacheUnavailableError(
+                task, f"{error}. Build it with 'taskdata cache --task {task} --output {cache_root}'."
+            ) from None
+        if split not in manifest.splits:
+            raise RunError(
+                f"Split {split!r} is not in the cache of task {task!r} ({version_dir}); it has "
+                f"{sorted(manifest.splits)}. Pick one of those, or cache the split with '--split {split}'."
+            )
+        caches[task] = TaskCache(fingerprint, manifest.split(split).record_counts)
+    try:
+        plan = RunPlan(
+            name=name,
+            mixture=item.name,
+            caches=caches,
+            rates=rates,
+            seed=seed,
+            schedule=schedule,
+            num_data_shards=num_data_shards,
+            skip=tuple(skip),
+        )
+    except PlanError as error:
+        raise RunError(str(error)) from None
+    return StoredRun(plan, split)
+
+
+class RunStore:
+    """Runs stored as ``{root}/_runs/{name}.json``; a stored run never changes."""
+
+    def __init__(self, cache_root: str):
+        self._dir = fs.join(cache_root, RUNS_DIR)
+        self._lock = threading.Lock()
+        self._known: dict[str, StoredRun] = {}
+
+    def path(self, name: str) -> str:
+        try:
+            return fs.join(self._dir, validate_name(name, kind="run") + ".json")
+        except InvalidNameError as error:
+            raise RunError(str(error)) from None
+
+    def get(self, name: str) -> StoredRun | None:
+        """The stored run, or None. Found runs are remembered: they are immutable."""
+        known = self._known.get(name)
+        if known is not None:
+            return known
+        path = self.path(name)
+        try:
+            data = json.loads(fs.read_bytes(path))
+        except FileNotFoundError:
+            return None
+        except ValueError as error:
+            raise RunError(
+                f"Stored run {path} is not valid JSON ({error}); restore it from a backup."
+            ) from None
+        run = StoredRun.from_dict(data, where=path)
+        if run.name != name:
+            raise RunError(
+                f"Stored run {path} holds a plan named {run.name!r}; file and plan names must agree."
+            )
+        self._known[name] = run
+        return run
+
+    def names(self) -> list[str]:
+        return sorted(n[: -len(".json")] for n in fs.listdir(self._dir) if _is_run_file(n))
+
+    def create(self, run: StoredRun) -> bool:
+        """Stores ``run``; True if written, False if the same run was already stored.
+
+        Within one process creates are serialised; two processes racing to create different plans
+        under one new name at the same moment are not (the object store has no create-if-absent here).
+        """
+        with self._lock:
+            existing = self.get(run.name)
+            if existing is not None:
+                if existing.to_dict() != run.to_dict():
+                    raise RunConflictError(
+                        f"Run {run.name!r} already exists with a different plan (fingerprint "
+                        f"{existing.plan.fingerprint()}, split {existing.split!r}; the new one has "
+                        f"{run.plan.fingerprint()}, split {run.split!r}). A run's data never changes once "
+                        "created: choose another name."
+                    )
+                return False
+            fs.write_atomic(self.path(run.name), run.to_bytes())
+            self._known[run.name] = run
+            return True
+
+
+def _is_run_file(file_name: str) -> bool:
+    if not file_name.endswith(".json"):
+        return False
+    try:
+        validate_name(file_name[: -len(".json")], kind="run")
+    except InvalidNameError:
+        return False  # temporary files of an interrupted write, or anything else that is not a run
+    return True

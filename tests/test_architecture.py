@@ -1,0 +1,149 @@
+"""The architecture's rules, checked on the source (ARCHITECTURE.md states them).
+
+- No import circles anywhere, counting imports inside functions too.
+- The core (``taskdata``) knows no HTTP and no JAX, and imports neither ``server`` nor
+  ``trainer_client``; only ``taskdata.cli`` (``taskdata serve``) opens the door to the server.
+- The server never builds caches (no ``taskdata.beam``); server and client meet only over HTTP.
+- Only entry points read the environment: ``taskdata.config`` (for them), the CLI, the server's
+  settings and the example trainer.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("taskdata", "server", "trainer_client")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _is_package(name: str) -> bool:
+    return MODULES.get(name, Path()).name == "__init__.py"
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every module ``name`` imports (at any depth of the file), internal or not, as dotted names."""
+    tree = ast.parse(path.read_text(), str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name if _is_package(name) else name.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                # 'from pkg import sub' imports the submodule pkg.sub when there is one.
+                out.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES else module)
+    return out
+
+
+GRAPH = {name: {m for m in _imports(name, path) if m in MODULES and m != name} for name, path in MODULES.items()}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(GRAPH[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(GRAPH):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles():
+    assert _cycles() == []
+
+
+def test_the_cycle_finder_finds_a_circle():  # the negative control of the test above
+    GRAPH["taskdata.names"].add("taskdata.define.registry")
+    try:
+        assert ["taskdata.define.registry", "taskdata.names"] in [
+            [m for m in c if m in ("taskdata.define.registry", "taskdata.names")] for c in _cycles()
+        ]
+    finally:
+        GRAPH["taskdata.names"].discard("taskdata.define.registry")
+
+
+def _offenders(prefix: str, forbidden: tuple[str, ...], allowed: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    bad = {}
+    for name, path in MODULES.items():
+        if not (name == prefix or name.startswith(prefix + ".")) or name in allowed:
+            continue
+        hits = sorted(m for m in _imports(name, path) if any(m == f or m.startswith(f + ".") for f in forbidden))
+        if hits:
+            bad[name] = hits
+    return bad
+
+
+def test_the_core_knows_no_http_no_jax_and_neither_server_nor_client():
+    forbidden = ("server", "trainer_client", "fastapi", "starlette", "uvicorn", "jax", "jaxlib", "httpx")
+    assert _offenders("taskdata", forbidden, allowed=("taskdata.cli",)) == {}
+    # The CLI's door to the server is 'taskdata serve' alone.
+    assert _offenders("taskdata.cli", ("trainer_client", "jax")) == {}
+
+
+def test_the_server_never_builds_caches_and_meets_the_client_only_over_http():
+    assert _offenders("server", ("taskdata.beam", "apache_beam", "trainer_client", "jax")) == {}
+    assert _offenders("trainer_client", ("server", "taskdata.beam", "apache_beam", "fastapi")) == {}
+
+
+ENVIRONMENT_READERS = {"taskdata.config", "taskdata.cli", "server.settings", "trainer_client.example.train"}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_only_entry_points_read_the_environment(name):
+    if name in ENVIRONMENT_READERS:
+        return
+    tree = ast.parse(MODULES[name].read_text())
+    reads = [
+        node.lineno
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "from_environment"))
+    ]
+    assert reads == [], f"{name} reads the environment at lines {reads}; take the value as an argument"
