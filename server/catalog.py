@@ -35,10 +35,13 @@ def task_detail(registry: Any, resolver: CacheResolver, name: str) -> dict[str, 
     item = registry.get(name)  # validates the name before it can become part of a path
     fingerprint, problem = _fingerprint(item)
     if isinstance(item, Mixture):
-        components = [{"task": t, "rate": r} for t, r in zip(item.task_names, item.rates, strict=True)]
+        components = [
+            {"task": t, "rate": float(share), "exact_rate": str(share)}
+            for t, share in zip(item.task_names, item.shares, strict=True)
+        ]
         versions = []
     else:
-        components = [{"task": item.name, "rate": 1.0}]
+        components = [{"task": item.name, "rate": 1.0, "exact_rate": "1"}]
         versions = _versions(resolver, item.name, fingerprint)
     return {
         "name": item.name,

@@ -315,7 +315,8 @@ class CachedVersion(_Model):
 
 class MixtureComponent(_Model):
     task: str
-    rate: float
+    rate: float = Field(description="The task's share of the mixture's examples (shares sum to 1), as a float.")
+    exact_rate: str = Field(description="The same share exactly, as a fraction ('1/3'); a task's own is '1'.")
 
 
 class TaskDetail(_Model):

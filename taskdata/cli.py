@@ -193,7 +193,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for name in registry.names():
         item = registry.get(name)
         if isinstance(item, Mixture):
-            parts = ", ".join(f"{t}={r:.3g}" for t, r in zip(item.task_names, item.rates, strict=True))
+            # The exact rate as written, then the share of examples it gives: 'a=1/10 (10%)'.
+            parts = ", ".join(
+                f"{t}={r} ({float(share) * 100:.3g}%)"
+                for t, r, share in zip(item.task_names, item.rates, item.shares, strict=True)
+            )
             print(f"mixture  {name}  [{parts}]")
         else:
             steps = " -> ".join(_short_name(p) for p in item.preprocessors)

@@ -34,7 +34,7 @@ def test_list_and_help_import_no_heavy_library_and_build_nothing(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
     assert "task     c4_span_corruption  C4Source -> Rekey -> Tokenize -> SpanCorruption -> AppendEosAfterTrim" in out.stdout
-    assert "mixture  c4_span_corruption_prefix_lm  [c4_span_corruption=0.5, c4_prefix_lm=0.5]" in out.stdout
+    assert "mixture  c4_span_corruption_prefix_lm  [c4_span_corruption=1 (50%), c4_prefix_lm=1 (50%)]" in out.stdout
     assert "task     toy_det  FunctionSource -> EncodeText" in out.stdout
     assert list(tmp_path.iterdir()) == []  # listing builds no corpus and trains no vocabulary
 

@@ -89,6 +89,32 @@ def test_rates_are_exact_and_normalised() -> None:
     assert make_plan(rates={"a": 4, "b": 2}) == make_plan(rates={"a": "2/3", "b": Fraction(1, 3)})
 
 
+def test_rates_of_any_scale_are_normalised_exactly() -> None:
+    three = {"a": TaskCache("fp_a", (4, 3, 5)), "b": TaskCache("fp_b", (2, 1)), "c": TaskCache("fp_c", (2,))}
+    plan = make_plan(caches=three, rates={"a": 3, "b": 2, "c": 1})
+    assert plan.rates == {"a": Fraction(1, 2), "b": Fraction(1, 3), "c": Fraction(1, 6)}
+    assert plan.to_dict()["rates"] == {"a": "1/2", "b": "1/3", "c": "1/6"}
+    assert make_plan(rates={"a": 1, "b": 2}).rates == {"a": Fraction(1, 3), "b": Fraction(2, 3)}
+
+
+def test_a_stored_plan_with_the_float_rates_of_older_mixtures_loads_unchanged() -> None:
+    # What build_run stored for a mixture of rates 3:2:1 when mixtures held floats (0.5,
+    # 0.3333333333333333, 0.16666666666666666); the fingerprint was computed by that code.
+    stored = make_plan(
+        caches={"a": TaskCache("fp_a", (4, 3, 5)), "b": TaskCache("fp_b", (2, 1)), "c": TaskCache("fp_c", (2,))},
+        rates={"a": 3, "b": 2, "c": 1},
+    ).to_dict()
+    stored.update(
+        name="old",
+        mixture="m",
+        rates={"a": "12500000000000000/24999999999999999", "b": "5555555555555555/16666666666666666", "c": "1/6"},
+    )
+    plan = RunPlan.from_dict(json.loads(json.dumps(stored)))
+    assert plan.to_dict() == stored
+    assert plan.fingerprint() == "9d40260206b08e50dc83e99f17e6da0df2310c014966e42de7bd2ccf4bc6a9df"
+    assert plan.rates["a"] != Fraction(1, 2)  # kept as stored: a plan's data never changes
+
+
 def test_a_single_task_run_needs_no_rates() -> None:
     plan = make_plan(mixture="a", caches={"a": TaskCache("fp_a", (5,))}, rates=None)
     assert plan.rates == {"a": 1}
@@ -139,9 +165,17 @@ def test_hosts_that_share_a_model_replica_share_a_data_shard() -> None:
             {"rates": {"a": 1, "b": -2}},
             "Rate of task 'b' must be > 0 but got -2. Leave the task out instead.",
         ),
+        ({"rates": {"a": 1, "b": float("nan")}}, "Rate of task 'b' must be a finite number but got nan."),
+        ({"rates": {"a": 0, "b": 1}}, "Rate of task 'a' must be > 0 but got 0. Leave the task out instead."),
         (
-            {"rates": {"a": 1, "b": float("nan")}},
-            "Rate of task 'b' must be a positive number (int, float, Fraction or a string like '1/3') but got nan.",
+            {"rates": {"a": 1, "b": True}},
+            "Rate of task 'b' must be a number (int, float, Fraction, Decimal or a string like '1/3') but got "
+            "the bool True; write 1 for a rate of one.",
+        ),
+        (
+            {"rates": {"a": 1, "b": "a third"}},
+            "Rate of task 'b' must be a number (int, float, Fraction, Decimal or a string like '1/3') but got "
+            "the string 'a third'.",
         ),
         (
             {"rates": None},

@@ -124,10 +124,24 @@ def test_build_run_pins_each_current_version_by_its_manifest_hash_and_counts(cac
         assert json.loads((version / "COMPLETED").read_text()) == {"manifest_sha256": manifest_hash}
         counts = load_manifest(str(version)).split("train").record_counts
         assert plan.caches[task].shard_record_counts == counts and len(counts) == _SHARDS[task]
-    assert dict(plan.rates) == {
-        "toy_det": pytest.approx(0.5),
-        "toy_random": pytest.approx(1 / 3),
-        "toy_text": pytest.approx(1 / 6),
+    # Exact: mixtures of floats made these 12500000000000000/24999999999999999, 5555555555555555/16666666666666666, 1/6.
+    assert plan.to_dict()["rates"] == {"toy_det": "1/2", "toy_random": "1/3", "toy_text": "1/6"}
+
+
+def test_build_run_passes_the_mixtures_exact_rates_to_the_plan(caches):
+    registry = make_registry()
+    registry.add_mixture("pair", [("toy_det", 1), ("toy_random", 2)])
+    registry.add_mixture("tenths", [("toy_det", 0.1), ("toy_random", 0.2), ("toy_text", 0.7)])
+    registry.add_mixture("nested", [("pair", 1), ("toy_text", "1/2")])
+    fields = dict(name="r", seed=0, schedule=BatchSchedule.constant(16), num_data_shards=4)
+    rates = {
+        mixture: build_run(registry, str(caches), mixture=mixture, **fields).plan.to_dict()["rates"]
+        for mixture in ("pair", "tenths", "nested")
+    }
+    assert rates == {
+        "pair": {"toy_det": "1/3", "toy_random": "2/3"},
+        "tenths": {"toy_det": "1/10", "toy_random": "1/5", "toy_text": "7/10"},
+        "nested": {"toy_det": "2/9", "toy_random": "4/9", "toy_text": "1/3"},
     }
 
 

@@ -358,10 +358,15 @@ def test_a_task_shows_its_definition_fingerprint_versions_and_stats(client, env,
         == train["stats"]["examples"]
     )
     assert train["verification"] == "verified"
+    assert detail["tasks"] == [{"task": "toy_text", "rate": 1.0, "exact_rate": "1"}]
     mixture = client.get("/tasks/toy_mix").json()
-    assert [c["task"] for c in mixture["tasks"]] == ["toy_det", "toy_random", "toy_text"] and mixture[
-        "versions"
-    ] == []
+    assert mixture["tasks"] == [
+        {"task": "toy_det", "rate": 0.5, "exact_rate": "1/2"},
+        {"task": "toy_random", "rate": 1 / 3, "exact_rate": "1/3"},
+        {"task": "toy_text", "rate": 1 / 6, "exact_rate": "1/6"},
+    ]
+    assert mixture["versions"] == []
+    assert [rate for _, _, rate in mixture["definition"]["tasks"]] == ["3", "2", "1"]  # as registered
     assert client.get("/tasks/toy_uncached").json()["versions"] == []
 
 

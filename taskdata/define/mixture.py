@@ -1,18 +1,30 @@
-"""``Mixture``: tasks sampled together at given rates (seqio's Mixture), nested mixtures flattened."""
+"""``Mixture``: tasks sampled together at given rates (seqio's Mixture), nested mixtures flattened.
+
+Rates are exact fractions of any positive scale, as the user wrote them (see ``taskdata.rates``), so that
+``taskdata show`` prints the user's numbers. A run plan built from a mixture gets them as they are and
+normalises them itself: the one normalisation on the way to the data (a plan must normalise anyway, as
+plans are also made from raw counts and read back from storage). ``Mixture.shares`` is the same exact
+division, for display and for flattening a nested mixture.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from taskdata.define.task import Task
 from taskdata.fingerprint import fingerprint
 from taskdata.names import validate_name
+from taskdata.rates import parse_rate
 
 __all__ = ["Mixture", "MixtureError"]
 
-Rate = float | int | Callable[[Task], float]
+Number = int | float | Fraction | Decimal | str
+Rate = Number | Callable[[Task], Number]
 
 
 class MixtureError(ValueError):
@@ -21,7 +33,7 @@ class MixtureError(ValueError):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Mixture:
-    """A named set of tasks with positive rates (already flattened and normalised to sum to 1).
+    """A named set of tasks with positive rates (already flattened; any scale, stored as exact fractions).
 
     Build mixtures with ``Registry.add_mixture``, which resolves names, flattens nested mixtures and
     evaluates rate functions (e.g. a task's example count).
@@ -29,7 +41,7 @@ class Mixture:
 
     name: str
     tasks: tuple[Task, ...]
-    rates: tuple[float, ...]
+    rates: tuple[Fraction, ...]
 
     def __post_init__(self) -> None:
         validate_name(self.name, kind="mixture")
@@ -40,19 +52,29 @@ class Mixture:
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise MixtureError(f"Mixture {self.name!r} lists a task twice: {names}.")
+        rates = []
         for task, rate in zip(self.tasks, self.rates, strict=True):
-            if not rate > 0:
-                raise MixtureError(f"Mixture {self.name!r}: task {task.name!r} has rate {rate}; rates must be > 0.")
+            try:
+                rates.append(parse_rate(rate, f"Mixture {self.name!r}: rate of task {task.name!r}"))
+            except ValueError as error:
+                raise MixtureError(str(error)) from None
+        object.__setattr__(self, "rates", tuple(rates))
         check_same_output_features(self.name, self.tasks)
 
     @property
     def task_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tasks)
 
+    @functools.cached_property
+    def shares(self) -> tuple[Fraction, ...]:
+        """Each task's share of the examples: the rates divided by their sum, exactly."""
+        total = sum(self.rates)
+        return tuple(rate / total for rate in self.rates)
+
     def fingerprint_description(self) -> dict[str, Any]:
         return {
             "mixture": self.name,
-            "tasks": [[t.name, t.fingerprint(), r] for t, r in zip(self.tasks, self.rates, strict=True)],
+            "tasks": [[t.name, t.fingerprint(), str(r)] for t, r in zip(self.tasks, self.rates, strict=True)],
         }
 
     def fingerprint(self) -> str:

@@ -13,11 +13,13 @@ import importlib.metadata
 import inspect
 import threading
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 from typing import Any
 
 from taskdata.define.mixture import Mixture, MixtureError, Rate
 from taskdata.define.task import Task
 from taskdata.names import validate_name
+from taskdata.rates import parse_rate
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -77,11 +79,13 @@ class Registry:
                     default_rate: Rate | None = None, *, replace: bool = False) -> Mixture:
         """Registers a mixture of ``tasks``: names or objects, each optionally paired with a rate.
 
-        A rate is a positive number or a function of the task (e.g. its example count). Nested mixtures
-        are flattened: a sub-mixture with rate r contributes its tasks with r times their share.
+        A rate is a positive number (an int, a float read as the decimal it prints as, a ``Fraction``
+        or a string like '1/3') or a function of the task returning one (e.g. its example count). The
+        mixture keeps the rates exactly, at the scale given. Nested mixtures are flattened: a
+        sub-mixture with rate r contributes its tasks with r times their share of it.
         """
         validate_name(name, kind="mixture")
-        weights: dict[str, float] = {}
+        weights: dict[str, Fraction] = {}
         resolved: dict[str, Task] = {}
         for entry in tasks:
             if isinstance(entry, tuple):
@@ -98,19 +102,16 @@ class Registry:
                 )
             if isinstance(component, Mixture):
                 total = _rate_value(name, component.name, rate, None)
-                for task, share in zip(component.tasks, component.rates, strict=True):
+                for task, share in zip(component.tasks, component.shares, strict=True):
                     resolved[task.name] = task
-                    weights[task.name] = weights.get(task.name, 0.0) + total * share
+                    weights[task.name] = weights.get(task.name, 0) + total * share
             else:
                 resolved[component.name] = component
                 value = _rate_value(name, component.name, rate, component)
-                weights[component.name] = weights.get(component.name, 0.0) + value
+                weights[component.name] = weights.get(component.name, 0) + value
         if not weights:
             raise MixtureError(f"Mixture {name!r} has no tasks.")
-        total = sum(weights.values())
-        ordered = list(weights)
-        mixture = Mixture(name=name, tasks=tuple(resolved[n] for n in ordered),
-                          rates=tuple(weights[n] / total for n in ordered))
+        mixture = Mixture(name=name, tasks=tuple(resolved.values()), rates=tuple(weights.values()))
         self.add(mixture, replace=replace)
         return mixture
 
@@ -188,16 +189,19 @@ class Registry:
                 loaded(self)
 
 
-def _rate_value(mixture: str, component: str, rate: Rate, task: Task | None) -> float:
+def _rate_value(mixture: str, component: str, rate: Rate, task: Task | None) -> Fraction:
+    what = f"Mixture {mixture!r}: rate of {component!r}"
     if callable(rate):
         if task is None:
             raise MixtureError(f"Mixture {mixture!r}: a rate function cannot apply to sub-mixture {component!r}.")
         value = rate(task)
+        what += f" (returned by {getattr(rate, '__qualname__', repr(rate))})"
     else:
         value = rate
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise MixtureError(f"Mixture {mixture!r}: rate of {component!r} must be a positive number but got {value!r}.")
-    return float(value)
+    try:
+        return parse_rate(value, what)
+    except ValueError as error:
+        raise MixtureError(str(error)) from None
 
 
 # Frames of these modules are registration helpers (``taskdata.add_task`` lives in taskdata.tasks): the

@@ -21,7 +21,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-import math
 import types
 from collections.abc import Mapping
 from fractions import Fraction
@@ -33,6 +32,7 @@ from taskdata.index.layout import ShardLayout
 from taskdata.index.mixing import Mixing
 from taskdata.index.schedule import BatchSchedule
 from taskdata.names import InvalidNameError, validate_name
+from taskdata.rates import parse_rate
 from taskdata.seeding import check_seed
 
 __all__ = ["INDEX_MATH_VERSION", "RunPlan", "SkipRange", "TaskCache", "data_shard_for_host"]
@@ -205,7 +205,7 @@ class RunPlan:
             "name": self.name,
             "mixture": self.mixture,
             "caches": {name: cache.to_dict() for name, cache in self.caches.items()},
-            "rates": {name: _format_fraction(rate) for name, rate in self.rates.items()},
+            "rates": {name: str(rate) for name, rate in self.rates.items()},
             "seed": self.seed,
             "schedule": self.schedule.to_dict(),
             "num_data_shards": self.num_data_shards,
@@ -311,35 +311,14 @@ def _check_rates(rates: Any, caches: dict[str, TaskCache]) -> dict[str, Fraction
             f"Rates and caches must name the same tasks: tasks without a rate {sorted(set(caches) - set(rates))}, "
             f"rates without a cache {sorted(set(rates) - set(caches))}. Give every task both."
         )
-    parsed = {task: _parse_rate(task, rates[task]) for task in caches}
+    try:
+        parsed = {task: parse_rate(rates[task], f"Rate of task {task!r}") for task in caches}
+    except ValueError as error:
+        raise PlanError(str(error)) from None
+    # The one place rates are normalised: every plan holds shares that sum to 1 exactly, whatever
+    # scale its maker used (a mixture's own numbers, a stored plan's shares, a user's counts).
     total = sum(parsed.values())
     return {task: rate / total for task, rate in parsed.items()}
-
-
-def _parse_rate(task: str, rate: Any) -> Fraction:
-    try:
-        if isinstance(rate, bool):
-            raise TypeError
-        if isinstance(rate, float):
-            if not math.isfinite(rate):
-                raise ValueError
-            value = Fraction(repr(rate))  # the decimal the user wrote, not the binary approximation
-        elif isinstance(rate, int | Fraction | str):
-            value = Fraction(rate)
-        else:
-            raise TypeError
-    except (TypeError, ValueError, ZeroDivisionError):
-        raise PlanError(
-            f"Rate of task {task!r} must be a positive number (int, float, Fraction or a string like '1/3') "
-            f"but got {rate!r}."
-        ) from None
-    if value <= 0:
-        raise PlanError(f"Rate of task {task!r} must be > 0 but got {rate!r}. Leave the task out instead.")
-    return value
-
-
-def _format_fraction(value: Fraction) -> str:
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
 def _check_schedule_splits(schedule: BatchSchedule, num_data_shards: int) -> None:

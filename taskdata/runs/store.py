@@ -16,6 +16,7 @@ import dataclasses
 import json
 import threading
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any
 
 from taskdata import fs
@@ -126,7 +127,8 @@ def build_run(
 
     item = registry.get(mixture)  # validates the name; unknown names list close matches
     if isinstance(item, Mixture):
-        rates: dict[str, float] | None = dict(zip(item.task_names, item.rates, strict=True))
+        # The mixture's own exact numbers: the plan normalises them.
+        rates: dict[str, Fraction] | None = dict(zip(item.task_names, item.rates, strict=True))
         tasks = list(item.task_names)
     else:
         rates, tasks = None, [item.name]
