@@ -39,7 +39,7 @@ from taskdata.index import (
     read_runs,
     slice_positions,
 )
-from taskdata.index.arrays import ShardFinder
+from taskdata.index.tables import ShardFinder
 
 
 def reference_examples(plan: RunPlan, positions: range) -> tuple[ExampleRef, ...]:

@@ -31,6 +31,7 @@ from taskdata.index.errors import PlanError
 from taskdata.index.layout import ShardLayout
 from taskdata.index.mixing import Mixing
 from taskdata.index.schedule import BatchSchedule
+from taskdata.index.tables import PlanTables
 from taskdata.names import InvalidNameError, validate_name
 from taskdata.rates import parse_rate
 from taskdata.seeding import check_seed
@@ -157,6 +158,12 @@ class RunPlan:
     @functools.cached_property
     def layouts(self) -> tuple[ShardLayout, ...]:
         return tuple(ShardLayout(self.caches[name].shard_record_counts) for name in self.task_names)
+
+    @functools.cached_property
+    def tables(self) -> PlanTables:
+        """The layouts as numpy tables for the vectorised chain, built on first use (megabytes for
+        65,536-shard caches, so not before) and dropped with this plan object."""
+        return PlanTables.from_layouts(self.layouts)
 
     def task_index(self, task: str) -> int:
         try:
