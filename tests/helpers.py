@@ -47,3 +47,14 @@ def make_task(name: str = "toy", prompt: str = "copy:", shards=("a", "b"), vocab
 
 def ids(example: Example) -> tuple:
     return tuple(np.asarray(example["targets"]).tolist())
+
+
+def metric_samples(text: str, parser=None) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Sample name -> (sorted labels -> value) of a /metrics body, parsed by ``prometheus_client``'s own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in (parser or text_string_to_metric_families)(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out

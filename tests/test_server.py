@@ -16,19 +16,24 @@ import types
 from pathlib import Path
 
 import numpy as np
+import prometheus_client
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from server import assignments
 from server.assignments import AnswerCache, step_json
 from server.main import create_app
+from server.metrics import BUCKETS
 from server.models import MAX_STEP, ReadColumns, ShardsResponse, TaskReads
 from server.settings import Settings, get_settings
 from taskdata.cache.tfrecord import iter_records
 from taskdata.index import BatchSchedule, RunPlan, SkipRange, assign, global_batch, slice_positions
 from taskdata.index.columns import column_values
 from taskdata.runs import build_run
+from tests.helpers import metric_samples
 from tests.test_runs import copy_caches, current_dir, make_registry, mix_run, shared_caches
 
 TOKEN = "tok-9f8e7d6c5b4a-secret"
@@ -546,31 +551,112 @@ def test_the_token_can_come_from_a_file(tmp_path, env):
         Settings(cache_root=str(env.root), token_file=str(tmp_path / "missing"))
 
 
-def test_metrics_count_requests_errors_and_latency_by_route_template(env):
+def _known_requests(client) -> str:
+    for step in range(3):
+        shards(client, host=0, step=step)
+    shards(client, host=0, step=0)  # from the step cache
+    client.get("/shards", params={"host": 9, "step": 0})
+    client.get("/runs/mix")
+    client.get("/runs/solo")
+    client.get("/nowhere")
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    return response
+
+
+def _check_known_metrics(families: dict[str, str], samples: dict) -> None:
+    assert {
+        "taskdata_http_requests": "counter",
+        "taskdata_http_errors": "counter",
+        "taskdata_http_request_duration_seconds": "histogram",
+        "taskdata_step_cache_lookups": "counter",
+        "taskdata_step_cache_entries": "gauge",
+    }.items() <= families.items()
+    # Besides them only prometheus_client's creation times of its counters and histograms.
+    assert all(
+        name.endswith("_created")
+        for name in families.keys()
+        - {
+            "taskdata_http_requests",
+            "taskdata_http_errors",
+            "taskdata_http_request_duration_seconds",
+            "taskdata_step_cache_lookups",
+            "taskdata_step_cache_entries",
+        }
+    )
+
+    def labels(**kv):
+        return tuple(sorted(kv.items()))
+
+    assert samples["taskdata_http_requests_total"] == {
+        labels(route="/shards", method="GET", status="200"): 4,
+        labels(route="/shards", method="GET", status="400"): 1,
+        labels(route="/runs/{name}", method="GET", status="200"): 2,
+        labels(route="unmatched", method="GET", status="404"): 1,
+    }
+    assert samples["taskdata_http_errors_total"] == {
+        labels(route="/shards", method="GET", kind="client"): 1,
+        labels(route="unmatched", method="GET", kind="client"): 1,
+    }
+    assert samples["taskdata_step_cache_lookups_total"] == {labels(result="hit"): 1, labels(result="miss"): 3}
+    assert samples["taskdata_step_cache_entries"] == {(): 3}
+    counts = samples["taskdata_http_request_duration_seconds_count"]
+    assert counts == {
+        labels(route="/shards", method="GET"): 5,
+        labels(route="/runs/{name}", method="GET"): 2,
+        labels(route="unmatched", method="GET"): 1,
+    }
+    buckets = {
+        dict(key)["le"]: value
+        for key, value in samples["taskdata_http_request_duration_seconds_bucket"].items()
+        if dict(key)["route"] == "/shards"
+    }
+    bounds = [*(float(b) for b in BUCKETS), float("inf")]
+    assert sorted(float(le) for le in buckets) == bounds
+    cumulative = [buckets[le] for le in sorted(buckets, key=float)]
+    assert cumulative == sorted(cumulative) and cumulative[-1] == 5
+    assert (
+        0 < samples["taskdata_http_request_duration_seconds_sum"][labels(route="/shards", method="GET")] < 60
+    )
+
+
+def test_metrics_are_prometheus_families_with_the_names_types_labels_and_values_of_known_requests(env):
     with make_client(env) as client:
-        for step in range(3):
-            shards(client, host=0, step=step)
-        shards(client, host=0, step=0)
-        client.get("/shards", params={"host": 9, "step": 0})
-        client.get("/runs/mix")
-        client.get("/runs/solo")
-        client.get("/nowhere")
-        text = client.get("/metrics").text
-    assert 'taskdata_http_requests_total{route="/shards",method="GET",status="200"} 4' in text
-    assert 'taskdata_http_requests_total{route="/shards",method="GET",status="400"} 1' in text
-    assert 'taskdata_http_requests_total{route="/runs/{name}",method="GET",status="200"} 2' in text
-    assert 'taskdata_http_requests_total{route="unmatched",method="GET",status="404"} 1' in text
-    assert 'taskdata_http_errors_total{route="/shards",method="GET",kind="client"} 1' in text
-    assert 'taskdata_http_request_duration_seconds_bucket{route="/shards",method="GET",le="+Inf"} 5' in text
-    assert 'taskdata_http_request_duration_seconds_count{route="/shards",method="GET"} 5' in text
-    assert 'taskdata_step_cache_lookups_total{result="hit"} 1' in text
-    assert 'taskdata_step_cache_lookups_total{result="miss"} 3' in text
-    buckets = [
-        int(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith('taskdata_http_request_duration_seconds_bucket{route="/shards"')
-    ]
-    assert buckets == sorted(buckets)
+        response = _known_requests(client)
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    families = {family.name: family.type for family in text_string_to_metric_families(response.text)}
+    _check_known_metrics(families, metric_samples(response.text))
+
+
+def test_metrics_speak_openmetrics_to_a_scraper_that_asks_for_it(env):
+    with make_client(env) as client:
+        _known_requests(client)
+        accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        response = client.get("/metrics", headers={"Accept": accept})
+    assert response.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert response.text.endswith("# EOF\n")
+    families = {family.name: family.type for family in openmetrics_families(response.text)}
+    samples = metric_samples(response.text, openmetrics_families)
+    # The scrape before this one is counted now; the rest is as in the text format.
+    metrics_key = (("method", "GET"), ("route", "/metrics"), ("status", "200"))
+    assert samples["taskdata_http_requests_total"].pop(metrics_key) == 1
+    samples["taskdata_http_request_duration_seconds_count"].pop((("method", "GET"), ("route", "/metrics")))
+    _check_known_metrics(families, samples)
+
+
+def test_each_app_counts_in_its_own_registry(env):
+    with make_client(env) as first, make_client(env) as second:
+        for _ in range(3):
+            first.get("/runs/mix")
+        second.get("/runs/solo")
+        counted = [
+            metric_samples(client.get("/metrics").text)["taskdata_http_requests_total"]
+            for client in (first, second)
+        ]
+    runs = (("method", "GET"), ("route", "/runs/{name}"), ("status", "200"))
+    assert [c[runs] for c in counted] == [3, 1]
+    # Nothing went into prometheus_client's process-wide default registry.
+    assert not [m.name for m in prometheus_client.REGISTRY.collect() if m.name.startswith("taskdata_")]
 
 
 def test_answers_are_identical_across_apps_and_the_step_cache_never_changes_them(env, tmp_path):
