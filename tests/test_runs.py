@@ -224,6 +224,25 @@ def test_store_never_turns_a_bad_name_into_a_path(tmp_path):
     assert not (tmp_path / "x.json").exists() and not (tmp_path / "root").exists()
 
 
+def test_a_name_with_a_trailing_newline_is_refused_at_every_entry(caches, tmp_path, capsys):
+    # re.match with '$' accepted 'rnl\n': a run GET /runs listed and no request could address.
+    with pytest.raises(RunError, match=r"Invalid run name 'rnl\\n'"):
+        mix_run(caches, name="rnl\n")
+    from taskdata.cli import main
+
+    argv = ["plan", "--module", MODULE, "--cache-root", str(caches), "--name", "rnl\n", "--mixture", "toy_det"]
+    assert main([*argv, "--seed", "0", "--batch-size", "4", "--num-data-shards", "1"]) == 2
+    assert "Invalid run name 'rnl\\n'" in capsys.readouterr().err
+    assert not (caches / "_runs").exists()
+    store = RunStore(str(tmp_path))
+    store.create(mix_run(caches))
+    stray = tmp_path / "_runs" / "rnl\n.json"  # a file written by an older version
+    stray.write_text((tmp_path / "_runs" / "mix.json").read_text().replace('"name": "mix"', '"name": "rnl\\n"'))
+    assert store.names() == ["mix"]
+    with pytest.raises(RunError, match="Invalid run name"):
+        store.get("rnl\n")
+
+
 def test_store_ignores_leftovers_of_interrupted_writes(caches, tmp_path):
     store = RunStore(str(tmp_path))
     store.create(mix_run(caches))
