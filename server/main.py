@@ -43,7 +43,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def _error(status: int) -> Any:
     async def handler(request: Request, error: Exception) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=status)
+        state = request.app.state.server  # None if building it failed (ServerConfigError)
+        detail = str(error) if state is None else state.resolver.relative(str(error))
+        return JSONResponse({"detail": detail}, status_code=status)
 
     return handler
 
