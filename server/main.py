@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from server.auth import require_token
+from server.auth import RequestGuard, require_token
 from server.metrics import Metrics, MetricsMiddleware
 from server.routers import health, metrics, runs, shards, tasks
 from server.settings import Settings
@@ -102,6 +102,8 @@ def create_app(settings: Settings | None = None, registry: Any = None) -> FastAP
     app.add_exception_handler(UnknownNameError, _error(404))
     app.add_exception_handler(CacheUnavailableError, _error(503))
     app.add_exception_handler(ServerConfigError, _error(500))
+    # The last added runs first: metrics see every answer, the guard's refusals included.
+    app.add_middleware(RequestGuard)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
 
