@@ -50,19 +50,22 @@ def _error(status: int) -> Any:
     return handler
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
 async def _method_not_allowed_lists_every_method(request: Request, error: Exception) -> Any:
     # Starlette answers 405 with the methods of one route; GET and POST /runs are two routes of one path.
+    # Each method is tried against the router: included routers are not flat lists of routes to read.
     assert isinstance(error, StarletteHTTPException)
     if error.status_code != 405:
         return await http_exception_handler(request, error)
-    methods = set()
-    for route in request.app.routes:
-        match, _ = route.matches(request.scope)
-        if match != Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
-    return JSONResponse(
-        {"detail": error.detail}, status_code=405, headers={"Allow": ", ".join(sorted(methods))}
-    )
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+    ]
+    return JSONResponse({"detail": error.detail}, status_code=405, headers={"Allow": ", ".join(allowed)})
 
 
 def create_app(settings: Settings | None = None, registry: Any = None) -> FastAPI:

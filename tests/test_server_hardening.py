@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 import types
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
@@ -197,3 +199,43 @@ def test_error_answers_name_files_relative_to_the_cache_root(env, tmp_path_facto
     )
     base = str(tmp_path_factory.getbasetemp())
     assert not [text for text in [*details.values(), *reported] if base in text]
+
+
+# --- found by the drills --------------------------------------------------------------------------
+
+
+def test_listing_tasks_does_not_hold_up_other_requests(env, monkeypatch):
+    # Fingerprinting every task lists source files, and the built-in tasks' first fingerprint trains their
+    # vocabulary (45 s on a fresh home): GET /tasks did that on the event loop, and /healthz waited.
+    from server.routers import tasks
+
+    healthz_answered = threading.Event()
+    real = tasks.task_summaries
+
+    def slow_summaries(registry):
+        healthz_answered.wait(10)
+        return real(registry)
+
+    monkeypatch.setattr(tasks, "task_summaries", slow_summaries)
+
+    async def both() -> tuple[int, int]:
+        transport = httpx.ASGITransport(app=make_app(env.root, env.runs_file))
+        async with httpx.AsyncClient(transport=transport, base_url="http://drill") as client:
+            listing = asyncio.ensure_future(client.get("/tasks"))
+            await asyncio.sleep(0.05)
+            health = await asyncio.wait_for(client.get("/healthz"), 5)
+            healthz_answered.set()
+            return (await listing).status_code, health.status_code
+
+    assert asyncio.run(both()) == (200, 200)
+
+
+def test_405_lists_the_methods_of_the_path(client):
+    for path, allowed in (
+        ("/healthz", "GET"),
+        ("/runs", "GET, POST"),
+        ("/runs/mix", "GET"),
+        ("/shards", "GET"),
+    ):
+        response = client.request("DELETE", path, headers=GOOD)
+        assert response.status_code == 405 and response.headers["allow"] == allowed, path
