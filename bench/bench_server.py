@@ -366,6 +366,74 @@ def in_process_breakdown(runs: list[dict], root: Path) -> list[str]:
     return lines
 
 
+def in_process_requests(root: Path, runs_file: Path, rounds: int = 8, per_round: int = 400) -> list[str]:
+    """Time per request through the whole app (middleware, token check, routing, answer), no network.
+
+    Requests go straight to the ASGI app in this process, with a bearer token, on run r64: answers from
+    the step cache (what the framework and the checks around the route cost), answers computed for new
+    (host, step) pairs, and requests refused for want of a token. Each figure is the best of ``rounds``
+    rounds: on a machine shared with other work, the best round is the one least disturbed.
+    """
+    from server.main import create_app
+    from server.settings import Settings
+
+    token = "bench-token"
+    app = create_app(Settings(cache_root=str(root), runs_file=str(runs_file), token=token))
+    good = [(b"host", b"bench"), (b"authorization", f"Bearer {token}".encode())]
+
+    async def request(query: str, headers: list[tuple[bytes, bytes]]) -> int:
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+            "scheme": "http", "path": "/shards", "raw_path": b"/shards", "query_string": query.encode(),
+            "root_path": "", "headers": headers, "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+        }  # fmt: skip
+        status = 0
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+
+        await app(scope, receive, send)
+        return status
+
+    async def timed(queries: list[str], headers: list[tuple[bytes, bytes]], expected: int) -> float:
+        started = time.perf_counter()
+        for query in queries:
+            status = await request(query, headers)
+            assert status == expected, (query, status)
+        return (time.perf_counter() - started) / len(queries)
+
+    async def best(make_queries, headers: list[tuple[bytes, bytes]], expected: int) -> float:
+        return min([await timed(make_queries(i), headers, expected) for i in range(rounds)])
+
+    def queries(first_step: int, n: int) -> list[str]:
+        return [f"run=r64&host={i % HOSTS}&step={first_step + i // HOSTS}&encoding=base64" for i in range(n)]
+
+    async def measure_all() -> dict[str, float]:
+        while await request(queries(0, 1)[0], good) == 503:  # first use: the caches are verified
+            await asyncio.sleep(0.1)
+        hits = queries(7_000_000, per_round)
+        await timed(hits, good, 200)  # fills the step cache (1,024 entries)
+        await timed(queries(8_000_000, per_round), good, 200)  # warm-up of the computing path
+        return {
+            "hit": await best(lambda i: hits, good, 200),
+            "new": await best(lambda i: queries(9_000_000 + i * per_round, per_round), good, 200),
+            "refused": await best(lambda i: hits, [(b"host", b"bench")], 401),
+        }
+
+    figures = asyncio.run(measure_all())
+    return [
+        f"in-process requests through the whole app (ASGI, no network; bearer token; run r64, base64; best "
+        f"of {rounds} rounds of {per_round}): "
+        f"step cache hit {figures['hit'] * 1e6:.0f} us/request, new (host, step) {figures['new'] * 1e6:.0f} "
+        f"us/request, refused without the token {figures['refused'] * 1e6:.0f} us/request"
+    ]
+
+
 def cpu_seconds(process: subprocess.Popen) -> float:
     """User + system CPU time of ``process`` so far (Linux /proc)."""
     fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -509,6 +577,7 @@ def run(requests: int) -> list[str]:
     finally:
         stop(server)
     lines += in_process_breakdown(runs, root)
+    lines += in_process_requests(root, runs_file)
     lines.append(
         f"machine load (1-minute load average, 2 cores shared with other work): {load_before:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after; figures move by tens of percent between runs under such load"
@@ -526,6 +595,9 @@ def main() -> None:
         "--client", nargs=3, metavar=("PORT", "CONCURRENCY", "GENERATOR"), help=argparse.SUPPRESS
     )
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--in-process", action="store_true", help="only the in-process figures (no servers; nothing written)"
+    )
     args = parser.parse_args()
     if args.client:
         port, concurrency, generator = int(args.client[0]), int(args.client[1]), args.client[2]
@@ -537,6 +609,17 @@ def main() -> None:
         return
     if args.serve_trivial:
         serve_trivial(args.serve_trivial)
+        return
+    if args.in_process:
+        OUT.mkdir(parents=True, exist_ok=True)
+        runs = make_runs(OUT / "caches")
+        (OUT / "runs.json").write_text(json.dumps(runs))
+        print(
+            "\n".join(
+                in_process_breakdown(runs[:1], OUT / "caches")
+                + in_process_requests(OUT / "caches", OUT / "runs.json")
+            )
+        )
         return
     lines = run(args.requests)
     print("\n".join(lines))

@@ -52,7 +52,9 @@ def closure(roots: list[Requirement]) -> dict[str, str]:
         try:
             dist = metadata.distribution(requirement.name)
         except metadata.PackageNotFoundError:
-            raise SystemExit(f"{requirement.name} is required but not installed here; install '.[client]' first.") from None
+            raise SystemExit(
+                f"{requirement.name} is required but not installed here; install '.[client]' first."
+            ) from None
         pinned[name] = dist.version
         for child in dist.requires or []:
             queue.append((Requirement(child), frozenset(requirement.extras)))
@@ -60,8 +62,10 @@ def closure(roots: list[Requirement]) -> dict[str, str]:
 
 
 def render(pins: dict[str, str]) -> str:
-    header = ("# Exact versions the Docker image installs (deploy/lock.py wrote this from the environment the\n"
-              f"# tests passed in: Python {sys.version_info.major}.{sys.version_info.minor}, linux x86_64).\n")
+    header = (
+        "# Exact versions the Docker image installs (deploy/lock.py wrote this from the environment the\n"
+        f"# tests passed in: Python {sys.version_info.major}.{sys.version_info.minor}, linux x86_64).\n"
+    )
     return header + "".join(f"{name}=={version}\n" for name, version in pins.items())
 
 

@@ -1,50 +1,142 @@
-"""Bearer-token check for every route but ``/healthz``, when the settings hold a token.
+"""What every request must pass before any route sees it: the bearer token, then a cap on its body.
 
-The comparison is constant-time (``hmac.compare_digest``) and nothing here logs or echoes a token:
-error messages say what is missing, never what was sent.
+``RequestGuard`` is a pure ASGI middleware, so it decides from the request line and headers alone,
+before FastAPI reads, parses or validates a byte of the body:
+
+- on every path but ``/healthz``, when the settings hold a token, ``Authorization: Bearer <token>``
+  (compared in constant time with ``hmac.compare_digest``); otherwise 401, whatever the body;
+- a body over ``max_body_bytes`` is refused with 413: at once when its Content-Length says so, else
+  when the bytes streamed so far pass the cap (a run plan is a few KB, the cap 1 MiB by default).
+
+A refusal of a request whose body was not read asks the client to close the connection, so the rest of
+that body is not read either. Nothing here logs or echoes a token: messages say what is missing, never
+what was sent.
 """
 
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 from fastapi.security import HTTPBearer
-from fastapi.security.utils import get_authorization_scheme_param
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 
-from server.state import get_state
+from server.state import state_of
 
-__all__ = ["require_token"]
+__all__ = ["OPEN_PATHS", "RequestGuard", "require_token"]
+
+OPEN_PATHS = frozenset({"/healthz"})  # load balancers probe it without credentials
+
+_MISSING = "This server requires 'Authorization: Bearer <token>' on every route but /healthz."
+_INVALID = "The bearer token is not valid for this server."
 
 
-class _BearerTokenCheck(HTTPBearer):
-    """The token check itself is the security dependency.
+class RequestGuard:
+    """Authenticates, then caps the body, of every HTTP request (see the module docstring)."""
 
-    As an ``HTTPBearer`` it documents the scheme in the OpenAPI schema; doing the check in its own
-    ``__call__`` (rather than in a second dependency that receives its credentials) makes the check one
-    dependency with one parameter, which FastAPI resolves in a few microseconds per request.
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        app = scope["app"]
+        state = app.state.server or state_of(app)
+        settings = state.settings
+        authorization = length = None
+        chunked = False
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = authorization or value
+            elif name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+        has_body = chunked or length not in (None, b"0")
+        if settings.token is not None and scope["path"] not in OPEN_PATHS:
+            problem = _token_problem(authorization, settings.token.get_secret_value())
+            if problem is not None:
+                challenge = "Bearer" if problem == _MISSING else 'Bearer error="invalid_token"'
+                await _refuse(scope, receive, send, 401, problem, has_body, {"WWW-Authenticate": challenge})
+                return
+        limit = settings.max_body_bytes
+        if length is not None and not chunked:
+            declared = int(length) if length.isdigit() else None
+            if declared is None:
+                detail = f"Content-Length must be a whole number of bytes but got {length[:40]!r}."
+                await _refuse(scope, receive, send, 400, detail, True)
+                return
+            if declared > limit:
+                await _refuse(scope, receive, send, 413, _too_large(limit, declared), True)
+                return
+        if not has_body:
+            await self.app(scope, receive, send)
+            return
+        received = 0
+
+        async def receive_within_limit() -> dict[str, Any]:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    # Raised inside the route's body read: FastAPI re-raises HTTPExceptions from there, and
+                    # the app's handler answers with it (the route never sees a partial body).
+                    raise HTTPException(413, _too_large(limit), headers={"Connection": "close"})
+            return message
+
+        await self.app(scope, receive_within_limit, send)
+
+
+def _token_problem(authorization: bytes | None, token: str) -> str | None:
+    if authorization is None:
+        return _MISSING
+    scheme, _, credentials = authorization.partition(b" ")
+    if scheme.lower() != b"bearer" or not credentials:
+        return _MISSING
+    if not hmac.compare_digest(credentials, token.encode()):
+        return _INVALID
+    return None
+
+
+def _too_large(limit: int, size: int | None = None) -> str:
+    has = f"has {size:,} bytes," if size is not None else "has"
+    return (
+        f"The request body {has} more than this server accepts ({limit:,} bytes; a run plan takes a few KB). "
+        "Send a smaller body, or raise the server's max_body_bytes."
+    )
+
+
+async def _refuse(
+    scope: dict[str, Any],
+    receive: Any,
+    send: Any,
+    status: int,
+    detail: str,
+    unread_body: bool,
+    headers: dict[str, str] | None = None,
+) -> None:
+    headers = dict(headers or {})
+    if unread_body:
+        headers["Connection"] = "close"  # the body is not read: this connection cannot carry another request
+    await JSONResponse({"detail": detail}, status_code=status, headers=headers)(scope, receive, send)
+
+
+class _BearerTokenDocs(HTTPBearer):
+    """Documents the bearer scheme on every protected operation of the OpenAPI schema.
+
+    The check itself is ``RequestGuard``'s, made before any route is reached; checking again here would
+    only repeat it (and come after the body is read).
     """
 
     async def __call__(self, request: Request) -> None:  # type: ignore[override]
-        token = (await get_state(request)).settings.token
-        if token is None:
-            return
-        scheme, credentials = get_authorization_scheme_param(request.headers.get("Authorization"))
-        if scheme.lower() != "bearer" or not credentials:
-            raise HTTPException(
-                401,
-                "This server requires 'Authorization: Bearer <token>' on every route but /healthz.",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        if not hmac.compare_digest(credentials.encode(), token.get_secret_value().encode()):
-            raise HTTPException(
-                401,
-                "The bearer token is not valid for this server.",
-                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
-            )
+        return None
 
 
-require_token = _BearerTokenCheck(
+require_token = _BearerTokenDocs(
     auto_error=False,
     scheme_name="HTTPBearer",
     description="Required when the server is configured with a token.",

@@ -91,7 +91,7 @@ def _versions(resolver: CacheResolver, task: str, task_fingerprint: str | None) 
             manifest = load_manifest(version_dir)
             sha = json.loads(fs.read_bytes(completed_path(version_dir)))["manifest_sha256"]
         except (CacheFormatError, OSError, ValueError) as error:
-            entry["problem"] = str(error)
+            entry["problem"] = resolver.relative(str(error))
             out.append(entry)
             continue
         entry.update(

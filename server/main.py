@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from server.auth import require_token
+from server.auth import RequestGuard, require_token
 from server.metrics import Metrics, MetricsMiddleware
 from server.routers import health, metrics, runs, shards, tasks
 from server.settings import Settings
@@ -43,24 +43,29 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def _error(status: int) -> Any:
     async def handler(request: Request, error: Exception) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=status)
+        state = request.app.state.server  # None if building it failed (ServerConfigError)
+        detail = str(error) if state is None else state.resolver.relative(str(error))
+        return JSONResponse({"detail": detail}, status_code=status)
 
     return handler
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
 async def _method_not_allowed_lists_every_method(request: Request, error: Exception) -> Any:
     # Starlette answers 405 with the methods of one route; GET and POST /runs are two routes of one path.
+    # Each method is tried against the router: included routers are not flat lists of routes to read.
     assert isinstance(error, StarletteHTTPException)
     if error.status_code != 405:
         return await http_exception_handler(request, error)
-    methods = set()
-    for route in request.app.routes:
-        match, _ = route.matches(request.scope)
-        if match != Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
-    return JSONResponse(
-        {"detail": error.detail}, status_code=405, headers={"Allow": ", ".join(sorted(methods))}
-    )
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+    ]
+    return JSONResponse({"detail": error.detail}, status_code=405, headers={"Allow": ", ".join(allowed)})
 
 
 def create_app(settings: Settings | None = None, registry: Any = None) -> FastAPI:
@@ -100,6 +105,8 @@ def create_app(settings: Settings | None = None, registry: Any = None) -> FastAP
     app.add_exception_handler(UnknownNameError, _error(404))
     app.add_exception_handler(CacheUnavailableError, _error(503))
     app.add_exception_handler(ServerConfigError, _error(500))
+    # The last added runs first: metrics see every answer, the guard's refusals included.
+    app.add_middleware(RequestGuard)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
 

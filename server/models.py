@@ -242,6 +242,7 @@ class PlanModel(_Model):
     schedule: ScheduleModel
     num_data_shards: Annotated[int, Field(ge=1)]
     skip: list[tuple[int, int]]
+    split: str = Field(description="The cache split every task is read from (part of the fingerprint).")
 
 
 class HostMapping(_Model):

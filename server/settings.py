@@ -50,6 +50,31 @@ class Settings(BaseSettings):
     step_cache_entries: int = Field(
         1024, ge=0, le=1_000_000, description="Serialized (run, data shard, step) answers kept in memory."
     )
+    max_body_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        le=1 << 30,
+        description="Largest request body accepted (a POST /runs plan takes a few KB); larger ones get 413.",
+    )
+    max_header_bytes: int = Field(
+        64 << 10,
+        ge=1024,
+        le=16 << 20,
+        description="Largest request line plus headers accepted under 'taskdata serve'; larger ones get 431.",
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="Time a client has to send a request's line and headers, from its first byte (or from "
+        "connecting); slower clients get 408 and are disconnected.",
+    )
+    keep_alive_seconds: float = Field(
+        15.0,
+        gt=0,
+        le=3600,
+        description="How long an idle connection is kept open between requests.",
+    )
     first_use_wait_seconds: float = Field(
         20.0,
         ge=0,

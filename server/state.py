@@ -93,7 +93,7 @@ class ServerState:
             validate_name(name, kind="run")
             stored = self.store.get(name)
         except (InvalidNameError, RunError) as error:
-            raise HTTPException(400, str(error)) from None
+            raise HTTPException(400, self.resolver.relative(str(error))) from None
         if stored is None:
             raise HTTPException(
                 404,
@@ -119,7 +119,9 @@ def build_state(settings: Settings, registry: Any = None) -> ServerState:
         registry = default_registry(settings.config())
         for module in settings.modules:
             registry.load_module(module)
-    store = RunStore(settings.cache_root)
+    # One spelling of the root everywhere (absolute), so that every message can be made relative to it.
+    resolver = CacheResolver(settings.cache_root)
+    store = RunStore(resolver.cache_root)
     configured = _load_runs_file(settings.runs_file) if settings.runs_file else {}
     for name, run in configured.items():
         try:
@@ -143,7 +145,7 @@ def build_state(settings: Settings, registry: Any = None) -> ServerState:
         settings=settings,
         registry=registry,
         store=store,
-        resolver=CacheResolver(settings.cache_root),
+        resolver=resolver,
         configured=configured,
         default_run=default_run,
         answers=AnswerCache(settings.step_cache_entries),

@@ -164,6 +164,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="port (default 8000)")
     p.add_argument("--no-access-log", action="store_true", help="do not log every request")
+    limits = p.add_argument_group(
+        "limits",
+        "what a client may send before it is refused (also $TASKDATA_SERVER_MAX_BODY_BYTES, "
+        "..._MAX_HEADER_BYTES, ..._HEADER_TIMEOUT_SECONDS, ..._KEEP_ALIVE_SECONDS)",
+    )
+    limits.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="largest request body (default 1048576); larger: 413",
+    )
+    limits.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="largest request line plus headers (default 65536); larger: 431 and the connection is closed",
+    )
+    limits.add_argument(
+        "--header-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="time to send a request line and headers, from connecting or from a request's first byte "
+        "(default 10); slower: 408 and the connection is closed",
+    )
+    limits.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long an idle connection stays open between requests (default 15; behind a load balancer, "
+        "more than the balancer's own idle timeout)",
+    )
     p.set_defaults(run=_cmd_serve)
     return parser
 
@@ -433,6 +468,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.main import create_app
+    from server.protocol import limited_protocol
     from server.settings import Settings
     from server.state import state_of
 
@@ -447,6 +483,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "home": args.home,
         "c4_dir": args.c4_dir,
         "vocab": args.vocab,
+        "max_body_bytes": args.max_body_bytes,
+        "max_header_bytes": args.max_header_bytes,
+        "header_timeout_seconds": args.header_timeout,
+        "keep_alive_seconds": args.keep_alive_timeout,
     }
     settings = Settings(**{key: value for key, value in given.items() if value is not None})
     app = create_app(settings)
@@ -458,7 +498,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         access_log=not args.no_access_log,
         log_level="info",
         workers=1,
-        http="httptools",  # a declared dependency; uvloop is picked too where it is installed
+        # httptools (a declared dependency) with the header limits uvicorn lacks; uvloop is picked too
+        # where it is installed. No WebSocket route exists, so no upgrade is accepted.
+        http=limited_protocol(settings),
+        ws="none",
+        timeout_keep_alive=settings.keep_alive_seconds,
     )
     return 0
 

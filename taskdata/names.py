@@ -29,7 +29,8 @@ def validate_name(name: object, *, kind: str = "task") -> str:
         raise InvalidNameError(
             f"{kind} name must have 1 to {_MAX_LEN} characters but got {len(name)}: {name!r}."
         )
-    if not _NAME_RE.match(name) or ".." in name:
+    # fullmatch: with match, '$' also matches before a trailing newline, and 'rnl\n' would pass.
+    if not _NAME_RE.fullmatch(name) or ".." in name:
         raise InvalidNameError(
             f"Invalid {kind} name {name!r}: use only letters, digits, '_', '.' and ':', start with a letter "
             "or digit and do not use '..' (for example 'c4_span_corruption' or 'glue:cola.v2')."

@@ -59,12 +59,14 @@ def test_pinned_dict_form() -> None:
         "schedule": {"start": 8, "end": 8, "ramp_steps": 0, "multiple_of": 1},
         "num_data_shards": 4,
         "skip": [],
+        "split": "train",
     }
 
 
 def test_pinned_fingerprint() -> None:
-    # sha256 of the canonical JSON of to_dict() without name, num_data_shards and skip, plus index_math=1.
-    assert make_plan().fingerprint() == "47b906a0c5e528f67346c056b421c0bb68400abcdc724f1aed56c72bc9877c39"
+    # sha256 of the canonical JSON of to_dict() without name, num_data_shards and skip, plus index_math=1
+    # (the split is in it since issue 15: before, this plan's fingerprint was 47b906a0...).
+    assert make_plan().fingerprint() == "90de870f61521ba4893562e318683782ba024bbb0d54b562596ada90f4bf0846"
 
 
 def test_fingerprint_covers_the_data_but_not_the_name_topology_or_skips() -> None:
@@ -79,6 +81,7 @@ def test_fingerprint_covers_the_data_but_not_the_name_topology_or_skips() -> Non
         make_plan(caches={"a": TaskCache("fp_a2", (4, 3, 5)), "b": TaskCache("fp_b", (2, 1))}),
         make_plan(caches={"a": TaskCache("fp_a", (4, 3, 6)), "b": TaskCache("fp_b", (2, 1))}),
         make_plan(schedule=BatchSchedule.constant(16)),
+        make_plan(split="validation"),
     ]
     assert len({base.fingerprint(), *(plan.fingerprint() for plan in changed)}) == len(changed) + 1
 
@@ -183,6 +186,7 @@ def test_hosts_that_share_a_model_replica_share_a_data_shard() -> None:
         ),
         ({"schedule": 8}, "Schedule must be a BatchSchedule but got int: 8."),
         ({"name": "../etc"}, "Run name: Invalid run name '../etc'"),
+        ({"split": "train\n"}, "Split: Invalid split name 'train\\n'"),
         ({"caches": {}}, "Caches must be a non-empty mapping of task name -> TaskCache but got {}."),
         ({"skip": [(3, 4)]}, "Skip must be a tuple of SkipRange(start, stop) but got [(3, 4)]."),
     ],

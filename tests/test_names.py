@@ -9,7 +9,8 @@ def test_valid_names_pass_through(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["..:..:etc", "../etc/passwd", "a/b", ".hidden", "a..b", "", "x y", "a\\b", "c4\x00", "é", "_runs"]
+    "name",
+    ["..:..:etc", "../etc/passwd", "a/b", ".hidden", "a..b", "", "x y", "a\\b", "c4\x00", "é", "_runs", "rnl\n", "a\r"],
 )
 def test_path_like_and_odd_names_are_rejected(name):
     with pytest.raises(InvalidNameError, match="Invalid task name|must have 1 to"):

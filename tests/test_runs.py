@@ -210,7 +210,7 @@ def test_store_writes_one_json_file_and_is_idempotent(caches, tmp_path):
     run = mix_run(caches)
     assert store.create(run) is True
     path = tmp_path / "_runs" / "mix.json"
-    assert json.loads(path.read_text()) == run.to_dict() and run.to_dict()["format"] == "taskdata.run/1"
+    assert json.loads(path.read_text()) == run.to_dict() and run.to_dict()["format"] == "taskdata.run/2"
     before = path.read_bytes()
     assert store.create(mix_run(caches)) is False
     assert path.read_bytes() == before
@@ -225,7 +225,7 @@ def test_store_refuses_a_different_plan_under_a_taken_name(caches, tmp_path):
     ):
         RunStore(str(tmp_path)).create(mix_run(caches, seed=8))
     with pytest.raises(RunConflictError):  # another split is another run too
-        RunStore(str(tmp_path)).create(StoredRun(mix_run(caches).plan, "validation"))
+        RunStore(str(tmp_path)).create(StoredRun(dataclasses.replace(mix_run(caches).plan, split="validation")))
 
 
 def test_store_never_turns_a_bad_name_into_a_path(tmp_path):
@@ -238,6 +238,25 @@ def test_store_never_turns_a_bad_name_into_a_path(tmp_path):
     assert not (tmp_path / "x.json").exists() and not (tmp_path / "root").exists()
 
 
+def test_a_name_with_a_trailing_newline_is_refused_at_every_entry(caches, tmp_path, capsys):
+    # re.match with '$' accepted 'rnl\n': a run GET /runs listed and no request could address.
+    with pytest.raises(RunError, match=r"Invalid run name 'rnl\\n'"):
+        mix_run(caches, name="rnl\n")
+    from taskdata.cli import main
+
+    argv = ["plan", "--module", MODULE, "--cache-root", str(caches), "--name", "rnl\n", "--mixture", "toy_det"]
+    assert main([*argv, "--seed", "0", "--batch-size", "4", "--num-data-shards", "1"]) == 2
+    assert "Invalid run name 'rnl\\n'" in capsys.readouterr().err
+    assert not (caches / "_runs").exists()
+    store = RunStore(str(tmp_path))
+    store.create(mix_run(caches))
+    stray = tmp_path / "_runs" / "rnl\n.json"  # a file written by an older version
+    stray.write_text((tmp_path / "_runs" / "mix.json").read_text().replace('"name": "mix"', '"name": "rnl\\n"'))
+    assert store.names() == ["mix"]
+    with pytest.raises(RunError, match="Invalid run name"):
+        store.get("rnl\n")
+
+
 def test_store_ignores_leftovers_of_interrupted_writes(caches, tmp_path):
     store = RunStore(str(tmp_path))
     store.create(mix_run(caches))
@@ -247,11 +266,30 @@ def test_store_ignores_leftovers_of_interrupted_writes(caches, tmp_path):
 
 def test_stored_run_reads_a_bare_plan_as_the_train_split(caches):
     plan = mix_run(caches).plan
-    assert StoredRun.from_dict(plan.to_dict()) == StoredRun(plan, "train")
+    assert StoredRun.from_dict(plan.to_dict()) == StoredRun(plan) and plan.split == "train"
+    without_split = {k: v for k, v in plan.to_dict().items() if k != "split"}  # written before plans held one
+    assert StoredRun.from_dict(without_split) == StoredRun(plan)
     with pytest.raises(RunError, match="format"):
         StoredRun.from_dict({"format": "taskdata.run/9", "plan": plan.to_dict(), "split": "train"})
     with pytest.raises(RunError, match="A run plan needs exactly the keys"):
         StoredRun.from_dict({"name": "x"})
+
+
+def test_the_split_is_part_of_the_plan_and_of_its_fingerprint(caches):
+    # One cache version (one cache fingerprint) holds every split: with equal record counts, only the split
+    # tells a train run from a validation run, and a checkpoint of one must not resume on the other.
+    plan = mix_run(caches).plan
+    before = {k: v for k, v in plan.to_dict().items() if k != "split"}  # a taskdata.run/1 record's plan
+    train = StoredRun.from_dict({"format": "taskdata.run/1", "plan": before, "split": "train"})
+    validation = StoredRun.from_dict({"format": "taskdata.run/1", "plan": before, "split": "validation"})
+    assert train == StoredRun(plan) and validation.split == "validation"
+    assert validation.plan.fingerprint() != train.plan.fingerprint()
+    assert StoredRun.from_dict(validation.to_dict()) == validation  # taskdata.run/2: the split in the plan
+    assert validation.to_dict() == {"format": "taskdata.run/2", "plan": {**before, "split": "validation"}}
+    with pytest.raises(RunError, match="has no split of its own"):
+        StoredRun.from_dict({"format": "taskdata.run/1", "plan": plan.to_dict(), "split": "train"})
+    with pytest.raises(RunError, match=r"Split: Invalid split name '\.\./x'"):
+        StoredRun.from_dict({**plan.to_dict(), "split": "../x"})
 
 
 # --- CacheResolver -------------------------------------------------------------------------------

@@ -22,15 +22,16 @@ __all__ = ["LocalAssignments"]
 
 
 class LocalAssignments:
-    """Instructions for ``plan`` over the cache versions in ``version_dirs`` (task -> version folder)."""
+    """Instructions for ``plan`` over the cache versions in ``version_dirs`` (task -> version folder),
+    reading the split the plan names."""
 
-    def __init__(self, plan: RunPlan, version_dirs: Mapping[str, str], split: str = "train"):
+    def __init__(self, plan: RunPlan, version_dirs: Mapping[str, str]):
         missing = [t for t in plan.task_names if t not in version_dirs]
         if missing:
             raise ValueError(
                 f"Run {plan.name!r} reads tasks {list(plan.task_names)}; no cache version folder for {missing}."
             )
-        self._info = RunInfo(plan, split)
+        self._info = RunInfo(plan, plan.split)
         # expected_manifest_sha256 refuses a folder holding other bytes than the plan pinned.
         self._readers = {
             task: CacheReader(
@@ -49,7 +50,7 @@ class LocalAssignments:
         dirs = {}
         for task in run.plan.task_names:
             dirs[task] = _find_version(cache_root, task, run.plan.caches[task].fingerprint)
-        return cls(run.plan, dirs, run.split)
+        return cls(run.plan, dirs)
 
     def run_info(self) -> RunInfo:
         return self._info

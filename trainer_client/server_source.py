@@ -73,12 +73,19 @@ class ServerAssignments:
         if self._info is None:
             body = self._get(f"/runs/{self.run}", {})
             try:
-                stored = StoredRun(RunPlan.from_dict(body["plan"]), body["split"])
+                stored = StoredRun(RunPlan.from_dict(body["plan"]))
             except (PlanError, KeyError, TypeError) as error:
                 raise AssignmentError(
                     f"Server {self.url} describes run {self.run!r} with a plan this client cannot read: {error}. "
                     "Use a client of the same taskdata version as the server."
                 ) from None
+            if stored.split != body.get("split"):
+                raise AssignmentError(
+                    f"Server {self.url} gives run {self.run!r} split {body.get('split')!r} but its plan reads split "
+                    f"{stored.split!r}; the answer is inconsistent. Use a client of the same taskdata version as "
+                    "the server."
+                )
+            # The fingerprint covers the split: a checkpoint of a train run never resumes on validation.
             if stored.plan.fingerprint() != body.get("fingerprint"):
                 raise AssignmentError(
                     f"Server {self.url} gives run {self.run!r} fingerprint {body.get('fingerprint')!r} but its plan "

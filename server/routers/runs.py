@@ -104,7 +104,7 @@ async def create_run(
     def create() -> tuple[StoredRun, bool]:
         run = build_run(
             state.registry,
-            state.settings.cache_root,
+            state.resolver.cache_root,
             name=body.name,
             mixture=body.mixture,
             seed=body.seed,

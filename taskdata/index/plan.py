@@ -1,8 +1,8 @@
 """``RunPlan``: everything that decides which example a training run reads at every step.
 
 A plan names the task or mixture, pins each task's cache version (fingerprint and per-shard record
-counts), the mixture rates, the seed, the batch-size schedule, the number of data shards and the
-steps whose data is skipped. It is frozen, validates itself, round-trips through a JSON-able dict
+counts) and the split it reads, the mixture rates, the seed, the batch-size schedule, the number of
+data shards and the steps whose data is skipped. It is frozen, validates itself, round-trips through a JSON-able dict
 (no pickle) and has a fingerprint.
 
 Skipped steps (the t5x/seqio paper's "manually skipping batches that produce instabilities"): step
@@ -11,8 +11,8 @@ never delivered (its trainer is told to skip it) and the next step gets the data
 skipping never shifts any other step's batch, and un-skipping restores exactly the original data.
 
 The fingerprint covers what decides the global batches (tasks, cache fingerprints and record
-counts, rates, seed, schedule, skipped steps, and the version of this index math), not the run's
-name nor its number of data shards: the global batch does not depend on how many hosts read it,
+counts, the split, rates, seed, schedule, and the version of this index math), not the run's
+name, its skipped steps nor its number of data shards: the global batch does not depend on how many hosts read it,
 so a run resumed on 4 hosts instead of 8 keeps its fingerprint.
 """
 
@@ -42,7 +42,7 @@ __all__ = ["INDEX_MATH_VERSION", "RunPlan", "SkipRange", "TaskCache", "data_shar
 # checkpoint never resumes against different data under the same fingerprint.
 INDEX_MATH_VERSION = 1
 
-_PLAN_KEYS = ("name", "mixture", "caches", "rates", "seed", "schedule", "num_data_shards", "skip")
+_PLAN_KEYS = ("name", "mixture", "caches", "rates", "seed", "schedule", "num_data_shards", "skip", "split")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +110,9 @@ class RunPlan:
       num_data_shards: how many distinct slices each global batch is split into (hosts that hold
         parts of one model replica read the same slice: see ``data_shard_for_host``).
       skip: steps whose data is skipped (stored sorted, with overlapping ranges merged).
+      split: the cache split every task is read from. One cache version (one cache fingerprint)
+        holds every split, so the split is part of the plan and of its fingerprint: a validation
+        run with the train run's record counts is another run.
     """
 
     name: str
@@ -120,10 +123,12 @@ class RunPlan:
     schedule: BatchSchedule
     num_data_shards: int
     skip: tuple[SkipRange, ...] = ()
+    split: str = "train"
 
     def __post_init__(self) -> None:
         _check_name(self.name, "run", "Run name")
         _check_name(self.mixture, "task or mixture", "Mixture")
+        _check_name(self.split, "split", "Split")
         caches = _check_caches(self.caches)
         object.__setattr__(self, "caches", types.MappingProxyType(caches))
         object.__setattr__(self, "rates", types.MappingProxyType(_check_rates(self.rates, caches)))
@@ -191,6 +196,7 @@ class RunPlan:
         # is cut into (resuming on 4 hosts instead of 8 keeps the fingerprint), and not the skip ranges
         # (skipping never moves the data of other steps, so an operator can add a skip range to a running
         # job's plan and resume its checkpoints, as the t5x/seqio paper describes for unstable batches).
+        # The split stays: train and validation of one cache version share cache fingerprints.
         del data["name"], data["num_data_shards"], data["skip"]
         data["index_math"] = INDEX_MATH_VERSION
         return data
@@ -217,6 +223,7 @@ class RunPlan:
             "schedule": self.schedule.to_dict(),
             "num_data_shards": self.num_data_shards,
             "skip": [[r.start, r.stop] for r in self.skip],
+            "split": self.split,
         }
 
     @classmethod
@@ -252,6 +259,7 @@ class RunPlan:
             schedule=BatchSchedule.from_dict(data["schedule"]),
             num_data_shards=data["num_data_shards"],
             skip=tuple(SkipRange(start, stop) for start, stop in skip),
+            split=data["split"],
         )
 
 

@@ -2,6 +2,9 @@
 hash matches (whatever ``CURRENT`` says now: a rebuild never moves a running job to other data). It
 verifies that version's split once, on first use, and keeps its manifest and every shard's record
 offsets in memory (8 bytes per record); a verification failure is remembered too.
+
+Its errors name files relative to the cache root (``toy_det/v.../manifest.json``): the server answers
+with them, and an answer never shows the server's own file system.
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ class CacheResolver:
 
     def __init__(self, cache_root: str):
         self.cache_root = cache_root if fs.is_remote(cache_root) else os.path.abspath(cache_root)
+        self._root = self.cache_root.rstrip("/")
         self._resolved: dict[tuple[str, str, str], ResolvedCache] = {}
         self._failed: dict[tuple[str, str, str], CacheUnavailableError] = {}
         self._locks: dict[tuple[str, str, str], threading.Lock] = {}
@@ -155,14 +159,27 @@ class CacheResolver:
             )
         return cache
 
+    def relative(self, text: str) -> str:
+        """``text`` with every path under the cache root written relative to it, and the root itself as
+        ``<cache root>``."""
+        if not self._root:  # the file system's root: every path is its own relative path, less a '/'
+            return text
+        return text.replace(self._root + "/", "").replace(self._root, "<cache root>")
+
+    def _unavailable(self, task: str, reason: str) -> CacheUnavailableError:
+        return CacheUnavailableError(task, self.relative(reason))
+
     def _find_version(self, task: str, fingerprint: str) -> str:
         root = task_dir(self.cache_root, task)  # validates the name; version names are pattern-checked
-        version_dir = find_version(root, fingerprint)
+        try:
+            version_dir = find_version(root, fingerprint)
+        except CacheFormatError as error:  # a damaged CURRENT pointer
+            raise self._unavailable(task, str(error)) from None
         if version_dir is not None:
             return version_dir
-        raise CacheUnavailableError(
+        raise self._unavailable(
             task,
-            f"no complete version under {root} has manifest sha256 {fingerprint} (versions: "
+            f"no complete version under {root}/ has manifest sha256 {fingerprint} (versions: "
             f"{list_versions(root) or 'none'}). Copy that version into the cache root, or create a new run "
             "from the current cache.",
         )
@@ -174,18 +191,16 @@ class CacheResolver:
         try:
             manifest = load_manifest(version_dir)
         except (CacheFormatError, OSError) as error:
-            raise CacheUnavailableError(task, str(error)) from None
+            raise self._unavailable(task, str(error)) from None
         if manifest.task != task:
-            raise CacheUnavailableError(task, f"{version_dir} holds a cache of task {manifest.task!r}.")
+            raise self._unavailable(task, f"{version_dir} holds a cache of task {manifest.task!r}.")
         if split not in manifest.splits:
-            raise CacheUnavailableError(
-                task, f"{version_dir} has no split {split!r}; it has {sorted(manifest.splits)}."
-            )
+            raise self._unavailable(task, f"{version_dir} has no split {split!r}; it has {sorted(manifest.splits)}.")
         # Only the split the run reads is verified: that is every byte it can serve.
         one_split = dataclasses.replace(manifest, splits={split: manifest.splits[split]})
         problems = verify_shards(version_dir, one_split)
         if problems:
-            raise CacheUnavailableError(
+            raise self._unavailable(
                 task,
                 f"verification of {version_dir} failed: {problems[0]}. Run 'taskdata verify' on it and "
                 "rebuild the cache; this server will not serve it until restarted.",
@@ -197,7 +212,7 @@ class CacheResolver:
             try:
                 offsets.append(read_offsets(fs.read_bytes(path), path))
             except (OSError, ValueError) as error:
-                raise CacheUnavailableError(task, f"offsets sidecar {path}: {error}") from None
+                raise self._unavailable(task, f"offsets sidecar {path}: {error}") from None
         return ResolvedCache(
             task=task,
             fingerprint=fingerprint,

@@ -2,9 +2,11 @@
 
 A run pins, for every task it reads, the exact bytes of one cache version: ``TaskCache.fingerprint``
 is that version's manifest sha256 (what its ``COMPLETED`` marker holds), and ``shard_record_counts``
-come from the manifest's split. Runs are stored durably in the cache root::
+come from the manifest's split (which the plan names too). Runs are stored durably in the cache root::
 
-    {root}/_runs/{name}.json      {"format": "taskdata.run/1", "plan": RunPlan.to_dict(), "split": "train"}
+    {root}/_runs/{name}.json      {"format": "taskdata.run/2", "plan": RunPlan.to_dict()}
+
+Records of format ``taskdata.run/1`` (the split beside the plan, not in it) are still read.
 
 Creating a run is idempotent (the same plan again is accepted), and a different plan under an existing
 name is refused: a run's data never changes once trainers may have read it.
@@ -42,7 +44,9 @@ __all__ = [
 ]
 
 RUNS_DIR = "_runs"
-RUN_FORMAT = "taskdata.run/1"
+RUN_FORMAT = "taskdata.run/2"
+# The split was beside the plan, and not part of its fingerprint.
+_RUN_FORMAT_1 = "taskdata.run/1"
 
 
 class RunError(ValueError):
@@ -64,40 +68,49 @@ class CacheUnavailableError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class StoredRun:
-    """A run plan and the cache split it reads (the plan pins versions; the split picks their records)."""
+    """A run plan as stored: the plan pins cache versions and the split that picks their records."""
 
     plan: RunPlan
-    split: str = "train"
 
     def __post_init__(self) -> None:
         if not isinstance(self.plan, RunPlan):
             raise RunError(f"A stored run needs a RunPlan but got {type(self.plan).__name__}.")
-        try:
-            validate_name(self.split, kind="split")
-        except InvalidNameError as error:
-            raise RunError(str(error)) from None
 
     @property
     def name(self) -> str:
         return self.plan.name
 
+    @property
+    def split(self) -> str:
+        return self.plan.split
+
     def to_dict(self) -> dict[str, Any]:
-        return {"format": RUN_FORMAT, "plan": self.plan.to_dict(), "split": self.split}
+        return {"format": RUN_FORMAT, "plan": self.plan.to_dict()}
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n").encode()
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "run") -> StoredRun:
-        """A run record, or a bare ``RunPlan.to_dict()`` (which reads split 'train')."""
+        """A run record, or a bare ``RunPlan.to_dict()``; a plan without a split (written before plans
+        held one) reads the split beside it in a ``taskdata.run/1`` record, else 'train', as it did then."""
         try:
             if isinstance(data, dict) and "format" in data:
-                if data["format"] != RUN_FORMAT or set(data) != {"format", "plan", "split"}:
+                keys = {RUN_FORMAT: {"format", "plan"}, _RUN_FORMAT_1: {"format", "plan", "split"}}
+                if keys.get(data["format"]) != set(data):
                     raise RunError(
-                        f"{where}: a run record must be {{'format': {RUN_FORMAT!r}, 'plan': ..., 'split': ...}} "
-                        f"but has format {data['format']!r} and keys {sorted(data)}."
+                        f"{where}: a run record must be {{'format': {RUN_FORMAT!r}, 'plan': ...}} (or "
+                        f"{{'format': {_RUN_FORMAT_1!r}, 'plan': ..., 'split': ...}}) but has format "
+                        f"{data['format']!r} and keys {sorted(data)}."
                     )
-                return cls(RunPlan.from_dict(data["plan"]), data["split"])
+                plan = data["plan"]
+                if data["format"] == _RUN_FORMAT_1:
+                    if not isinstance(plan, dict) or "split" in plan:
+                        raise RunError(f"{where}: a {_RUN_FORMAT_1!r} record's plan has no split of its own.")
+                    plan = {**plan, "split": data["split"]}
+                return cls(RunPlan.from_dict(plan))
+            if isinstance(data, dict) and "split" not in data:
+                data = {**data, "split": "train"}
             return cls(RunPlan.from_dict(data))
         except PlanError as error:
             raise RunError(f"{where}: {error}") from None
@@ -161,10 +174,11 @@ def build_run(
             schedule=schedule,
             num_data_shards=num_data_shards,
             skip=tuple(skip),
+            split=split,
         )
     except PlanError as error:
         raise RunError(str(error)) from None
-    return StoredRun(plan, split)
+    return StoredRun(plan)
 
 
 class RunStore:

@@ -1,0 +1,138 @@
+"""uvicorn's httptools protocol with the limits it lacks: a cap on header size and a deadline for headers.
+
+What uvicorn 0.54 offers for the httptools protocol: ``timeout_keep_alive`` (an idle connection is
+closed that long after its last response), ``limit_concurrency`` (503 past a number of connections or
+tasks), ``limit_max_requests`` (the process exits after that many requests) and ``backlog``. Nothing
+bounds a request's headers: httptools buffers a header of any size (a 4 MB header got 200), and the
+keep-alive timer is armed only after a response, so a client that connects and sends nothing, or
+sends its headers a byte at a time, holds its connection as long as it likes (``h11`` has
+``h11_max_incomplete_event_size`` but no deadline either, and is slower).
+
+``LimitedHttpToolsProtocol`` adds, per connection:
+
+- a header deadline: the request line and headers must be complete ``header_timeout`` seconds after
+  the connection is made, or after the first byte of each later request; else 408 and the
+  connection is closed;
+- a header size cap: a request whose line and headers take more than ``max_header_bytes`` gets 431
+  and the connection is closed. Bytes are counted as they arrive, up to the blank line that ends the
+  headers, and refused before the parser sees them: no more than the cap is ever buffered;
+- a response sent before its request's body has arrived whole (a refused upload) closes the
+  connection: the rest of that body is never read to find the next request in it.
+
+``taskdata serve`` uses ``limited_protocol(settings)`` as uvicorn's ``http`` protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any, ClassVar
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from server.settings import Settings
+
+__all__ = ["LimitedHttpToolsProtocol", "limited_protocol"]
+
+# The blank line that ends a request's headers (llhttp also takes a bare LF as a line end).
+_HEADERS_END = re.compile(rb"\n\r?\n")
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """See the module docstring; the limits are class attributes (``limited_protocol`` sets them)."""
+
+    max_header_bytes: ClassVar[int] = 64 << 10
+    header_timeout: ClassVar[float] = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._awaiting_headers = True
+        self._header_bytes = 0
+        self._tail = b""  # the last bytes of the previous read: a blank line may straddle two reads
+        self._header_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._awaiting_headers:
+            if self._header_deadline is None:  # the first byte of a request after the previous one
+                self._arm_header_deadline()
+            seen = self._tail + data
+            end = _HEADERS_END.search(seen)
+            self._header_bytes += len(data) if end is None else max(0, end.end() - len(self._tail))
+            self._tail = seen[-2:]
+            if self._header_bytes > self.max_header_bytes:
+                self._refuse(
+                    431,
+                    f"The request line and headers are larger than this server accepts "
+                    f"({self.max_header_bytes:,} bytes). Send fewer or shorter headers.",
+                )
+                return
+        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_headers = False
+        self._cancel_header_deadline()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._awaiting_headers, self._header_bytes, self._tail = True, 0, b""  # next: another request
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        # With no request queued behind it, the cycle that answered is the newest; more_body means its
+        # body is still arriving. Reading on would only skip it: close instead.
+        if not self.pipeline and self.cycle is not None and self.cycle.more_body:
+            self.transport.close()
+        super().on_response_complete()
+
+    def _arm_header_deadline(self) -> None:
+        self._header_deadline = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def _cancel_header_deadline(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_deadline = None
+        self._refuse(
+            408,
+            f"The request line and headers did not arrive within {self.header_timeout:g} s. Send each request "
+            "whole, without pauses.",
+        )
+
+    def _refuse(self, status: int, detail: str) -> None:
+        """Answers ``status`` (unless a response is under way) and closes the connection."""
+        self._cancel_header_deadline()
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:
+            body = json.dumps({"detail": detail}).encode()
+            head = [STATUS_LINE[status]]
+            head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+            head += [
+                b"content-type: application/json\r\n",
+                b"content-length: %d\r\n" % len(body),
+                b"connection: close\r\n\r\n",
+            ]
+            self.transport.write(b"".join(head) + body)
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+        self.logger.warning("Closed the connection of %s: %d, %s", client, status, detail)
+        self.transport.close()
+
+
+def limited_protocol(settings: Settings) -> type[LimitedHttpToolsProtocol]:
+    """The protocol class with ``settings``' limits, for ``uvicorn.run(http=...)``."""
+    return type(
+        "LimitedHttpToolsProtocol",
+        (LimitedHttpToolsProtocol,),
+        {"max_header_bytes": settings.max_header_bytes, "header_timeout": settings.header_timeout_seconds},
+    )
