@@ -206,7 +206,7 @@ def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: in
             max_record = max(max_record, len(record))
         offsets = writer.offsets
         size = hashing.written
-    offsets_data = write_offsets(offsets, size)
+    offsets_data = write_offsets(offsets, size, writer.crcs)
     fs.write_atomic(fs.join(spec.version_dir, offsets_name(split, dest, num_shards)), offsets_data)
     if tmp != inner:
         os.replace(tmp, inner)

@@ -1,8 +1,9 @@
 """``taskdata verify``: re-read every shard of a cache version and check it against its manifest.
 
 Checks, per shard: the file exists; its offsets sidecar is intact and matches the manifest; every
-record's framing matches the sidecar and both CRCs match; the record count, byte size and sha256 match
-the manifest. The first problem is reported with the shard, the record index and the byte offset.
+record's framing matches the sidecar, its stored data CRC is the one the sidecar lists for its index
+(the record is where the build put it) and both CRCs match its bytes; the record count, byte size and
+sha256 match the manifest. The first problem is reported with the shard, the record index and the byte offset.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def verify_shards(version_dir: str, manifest: Manifest, on_shard: Callable[[str]
 
 def _check_shard(version_dir: str, split_name: str, entry: ShardEntry) -> str | None:
     from taskdata.cache.shard_reader import verify_shard
-    from taskdata.cache.tfrecord import CorruptRecordError, read_offsets
+    from taskdata.cache.tfrecord import CorruptRecordError, read_record_index
 
     path = fs.join(version_dir, entry.file)
     offsets_path = fs.join(version_dir, entry.offsets_file)
@@ -46,8 +47,8 @@ def _check_shard(version_dir: str, split_name: str, entry: ShardEntry) -> str | 
     if hashlib.sha256(offsets_data).hexdigest() != entry.offsets_sha256:
         return f"shard {entry.file}: offsets sidecar {entry.offsets_file} does not match its checksum in the manifest"
     try:
-        offsets = read_offsets(offsets_data, offsets_path)
-        summary = verify_shard(path, offsets, entry.records, entry.sha256, max_record_bytes=entry.max_record_bytes)
+        index = read_record_index(offsets_data, offsets_path)
+        summary = verify_shard(path, index, entry.records, entry.sha256, max_record_bytes=entry.max_record_bytes)
     except CorruptRecordError as e:
         return f"shard {entry.file}: record {e.record_index} at byte offset {e.byte_offset}: {e.reason}"
     except ValueError as e:
