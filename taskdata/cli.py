@@ -416,6 +416,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         num_data_shards=args.num_data_shards,
         skip=skip,
         split=args.split,
+        warn=lambda message: print(f"taskdata plan: warning: {message}", file=sys.stderr),
     )
     store = RunStore(root)
     created = store.create(run)

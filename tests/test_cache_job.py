@@ -10,6 +10,7 @@ import pytest
 
 from taskdata.beam.job import CacheJobError, CacheOptions, run_cache_job
 from taskdata.cache.format import load_manifest
+from taskdata.cache.reader import CacheReader
 from taskdata.cache.tfrecord import iter_records
 from taskdata.define.registry import Registry
 from taskdata.example import decode_example
@@ -218,3 +219,87 @@ def test_duplicate_shuffle_keys_are_an_error(tmp_path):
     segments = [segment.to_tuple() for _, segment in spiller.close()]
     with pytest.raises(RuntimeError, match=r"same shuffle key: toy_det/s0\(#0\)/0 and toy_det/s0\(#0\)/0"):
         write_output_shard(spec, "train", 0, segments)
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL at one exact moment: nothing after it runs."""
+
+
+def _die_before_current_moves(monkeypatch):
+    from taskdata import fs
+
+    write_atomic = fs.write_atomic
+
+    def dying(path, data):
+        if path.endswith("/CURRENT"):
+            raise _Killed(path)
+        write_atomic(path, data)
+
+    monkeypatch.setattr(fs, "write_atomic", dying)
+    return lambda: monkeypatch.setattr(fs, "write_atomic", write_atomic)
+
+
+def _two_text_dirs(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, text in ((a, "one line\nanother line\n"), (b, "other text\nand more of it\nthree\n")):
+        folder.mkdir()
+        (folder / "doc.txt").write_text(text)
+    return a, b
+
+
+def test_a_rerun_that_reuses_a_version_moves_current_to_it_after_a_crash_between_completed_and_current(
+        tmp_path, monkeypatch):
+    a, b = _two_text_dirs(tmp_path)
+    monkeypatch.setenv("TASKDATA_TEST_TEXT_DIR", str(a))
+    old = build(tmp_path / "cache", task="toy_text", num_shards=2)
+    monkeypatch.setenv("TASKDATA_TEST_TEXT_DIR", str(b))
+    revive = _die_before_current_moves(monkeypatch)
+    with pytest.raises(_Killed):
+        build(tmp_path / "cache", task="toy_text", num_shards=2)
+    revive()
+    pointer = tmp_path / "cache" / "toy_text" / "CURRENT"
+    assert pointer.read_text().strip() == Path(old.version_dir).name
+    logs: list[str] = []
+    again = build(tmp_path / "cache", task="toy_text", num_shards=2, logs=logs)
+    assert again.reused and again.version_dir != old.version_dir
+    assert pointer.read_text().strip() == Path(again.version_dir).name
+    assert f"[cache] CURRENT pointed at {old.version_dir}; moved it to {Path(again.version_dir).name}" in logs
+
+
+def test_plan_refuses_a_current_cache_built_from_another_definition_of_the_task(tmp_path, monkeypatch, capsys):
+    from taskdata.cli import main
+    from taskdata.index import BatchSchedule
+    from taskdata.runs import CacheUnavailableError, build_run
+
+    a, b = _two_text_dirs(tmp_path)
+    root = tmp_path / "cache"
+    monkeypatch.setenv("TASKDATA_TEST_TEXT_DIR", str(a))
+    old = build(root, task="toy_text", num_shards=2)
+    monkeypatch.setenv("TASKDATA_TEST_TEXT_DIR", str(b))
+    registry = Registry()
+    registry.load_module(MODULE)
+    now = registry.get_task("toy_text").fingerprint()
+    with pytest.raises(CacheUnavailableError) as info:
+        build_run(registry, str(root), name="r", mixture="toy_text", seed=0, schedule=BatchSchedule(2, 2),
+                  num_data_shards=1)
+    message = str(info.value)
+    assert old.manifest.task_fingerprint in message and now in message
+    assert f"its CURRENT version {old.version_dir} was built from another definition" in message
+    assert "differing: source)" in message
+    assert f"'taskdata cache --task toy_text --output {root}'" in message
+    argv = ["plan", "--module", MODULE, "--name", "r", "--mixture", "toy_text", "--cache-root", str(root),
+            "--seed", "0", "--batch-size", "2", "--num-data-shards", "1"]
+    assert main(argv) == 2
+    assert "taskdata plan: error: Cache of task 'toy_text' is not available: its CURRENT version" in capsys.readouterr().err
+    new = build(root, task="toy_text", num_shards=2)
+    run = build_run(registry, str(root), name="r", mixture="toy_text", seed=0, schedule=BatchSchedule(2, 2),
+                    num_data_shards=1)
+    assert run.plan.caches["toy_text"].fingerprint == CacheReader(new.version_dir).manifest_sha256
+    # Where the sources cannot be listed (a server that only reads caches), the check cannot be made: said.
+    monkeypatch.delenv("TASKDATA_TEST_TEXT_DIR")
+    warnings: list[str] = []
+    build_run(registry, str(root), name="r", mixture="toy_text", seed=0, schedule=BatchSchedule(2, 2),
+              num_data_shards=1, warn=warnings.append)
+    assert warnings == [f"cannot check that the cache of task 'toy_text' ({new.version_dir}) was built from the task "
+                        "as defined here: fingerprinting the definition failed (KeyError: 'TASKDATA_TEST_TEXT_DIR'); "
+                        "it is pinned unchecked"]

@@ -21,12 +21,14 @@ from typing import Any
 
 from taskdata import fs
 from taskdata.cache.format import (
+    CURRENT,
     CacheFormatError,
     Manifest,
     ShardEntry,
     SplitManifest,
     completed_bytes,
     completed_path,
+    current_version,
     list_versions,
     load_manifest,
     manifest_bytes,
@@ -93,6 +95,7 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
     reusable = None if options.force else _find_reusable(root, task_fingerprint, options, splits, log)
     if reusable is not None:
         manifest = load_manifest(reusable)
+        _point_current_at(root, reusable, log)
         log(f"[cache] reusing complete cache {reusable} (same task fingerprint {task_fingerprint[:12]}, "
             f"seed {options.seed}); pass --force to rebuild")
         return CacheResult(task.name, reusable, True, manifest, time.monotonic() - started)
@@ -163,6 +166,24 @@ def _find_reusable(root: str, task_fingerprint: str, options: CacheOptions, spli
         if manifest.seed == options.seed and set(splits) <= set(manifest.splits) and same_shards:
             found = version_dir
     return found
+
+
+def _point_current_at(task_root: str, version_dir: str, log: Callable[[str], None]) -> None:
+    """Moves the task's CURRENT pointer to ``version_dir`` (a complete version) unless it is already there.
+
+    A job that died after a version's COMPLETED and before CURRENT moved leaves CURRENT on an older
+    version; the rerun that reuses the new one must finish that step, or 'taskdata plan' pins the old.
+    """
+    try:
+        current = current_version(task_root)
+    except CacheFormatError as e:
+        log(f"[cache] replacing a damaged CURRENT pointer: {e}")
+        current = None
+    if current is not None and current.rstrip("/") == version_dir.rstrip("/"):
+        return
+    name = version_dir.rstrip("/").rsplit("/", 1)[-1]
+    fs.write_atomic(fs.join(task_root, CURRENT), name.encode() + b"\n")
+    log(f"[cache] CURRENT pointed at {current or 'no version'}; moved it to {name}")
 
 
 def _beam_pipeline(options: CacheOptions) -> Any:
@@ -285,7 +306,7 @@ def _finalize(task: Any, spec: Any, splits: Sequence[str], num_shards: dict[str,
     data = manifest_bytes(manifest)
     fs.write_atomic(fs.join(spec.version_dir, "manifest.json"), data)
     fs.write_atomic(completed_path(spec.version_dir), completed_bytes(data))
-    fs.write_atomic(fs.join(task_dir(options.output, task.name), "CURRENT"),
+    fs.write_atomic(fs.join(task_dir(options.output, task.name), CURRENT),
                     spec.version_dir.rstrip("/").rsplit("/", 1)[-1].encode() + b"\n")
     _remove_tree(spec.tmp_dir)
     return manifest

@@ -29,6 +29,7 @@ from taskdata.fingerprint import canonical_json
 from taskdata.names import validate_name
 
 __all__ = [
+    "CURRENT",
     "FORMAT",
     "CacheFormatError",
     "Manifest",
