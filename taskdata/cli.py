@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cmd_eval)
 
     p = sub.add_parser("verify", help="re-read every record of a cache and check it against its manifest")
-    p.add_argument("cache", help="a version folder, or a task folder (its CURRENT version is verified)")
+    p.add_argument("cache", help="a version folder, a task folder (its CURRENT version is verified), or a cache "
+                                 "root (every task's CURRENT version is verified, one line per task)")
     p.set_defaults(run=_cmd_verify)
 
     p = sub.add_parser(
@@ -375,11 +376,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     version_dir = args.cache
     if not fs.exists(fs.join(version_dir, "manifest.json")) and not fs.exists(fs.join(version_dir, "COMPLETED")):
-        current = current_version(version_dir)
-        if current is None:
-            raise FileNotFoundError(f"{version_dir} is neither a cache version (no manifest.json) nor a task folder "
-                                    "with a CURRENT version.")
-        version_dir = current
+        if not fs.exists(fs.join(version_dir, "CURRENT")):
+            return _verify_root(args.cache)
+        version_dir = current_version(version_dir)
     checked: list[str] = []
     problems = verify_version(version_dir, on_shard=checked.append)
     if problems:
@@ -387,6 +386,26 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         return 1
     print(f"OK {version_dir}: {len(checked)} shards, every record verified")
     return 0
+
+
+def _verify_root(root: str) -> int:
+    """Every task's CURRENT version under a cache root: one line per task; 1 if any fails."""
+    from taskdata.cache.verify import task_folders, verify_current
+
+    tasks = task_folders(root)
+    if not tasks:
+        raise FileNotFoundError(f"{root} is neither a cache version (no manifest.json), a task folder with a CURRENT "
+                                "version, nor a cache root holding task folders with CURRENT versions.")
+    failed = 0
+    for task in tasks:
+        result = verify_current(root, task)
+        if result.ok:
+            print(f"OK {result.version_dir}: {result.shards} shards, every record verified")
+        else:
+            failed += 1
+            print(f"FAILED {result.version_dir or task}: {result.problem}")
+    print(f"{len(tasks) - failed} of {len(tasks)} tasks under {root} verified")
+    return 1 if failed else 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
