@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split to cache (repeatable; default: every split of the source)")
     p.add_argument("--force", action="store_true", help="build a new version even if a matching complete one exists")
     p.add_argument("--no-verify", action="store_true", help="skip re-reading every record before committing")
+    p.add_argument("--allow-empty-source-files", action="store_true",
+                   help="accept source files with no records (by default an empty or zero-byte file is an error)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(run=_cmd_cache)
 
@@ -275,7 +277,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
             task=name, output=args.output or _config(args).cache_root, seed=args.seed, num_shards=args.num_shards,
             splits=tuple(args.splits) if args.splits else None, force=args.force, verify=not args.no_verify,
             modules=tuple(args.module), beam_args=tuple(args.beam_args), progress=not args.quiet,
-            config=_config(args),
+            config=_config(args), allow_empty_source_files=args.allow_empty_source_files,
         )
         result = run_cache_job(options, registry)
         print(result.version_dir)

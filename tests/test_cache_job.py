@@ -13,7 +13,9 @@ from taskdata.cache.format import load_manifest
 from taskdata.cache.reader import CacheReader
 from taskdata.cache.tfrecord import iter_records
 from taskdata.define.registry import Registry
+from taskdata.define.task import Task
 from taskdata.example import decode_example
+from tests.cache_tasks import FEATURES, EncodeText
 
 MODULE = "tests.cache_tasks"
 
@@ -203,7 +205,6 @@ def test_unwritable_output_is_a_clear_error(tmp_path):
 def test_duplicate_shuffle_keys_are_an_error(tmp_path):
     from taskdata.beam.pipeline import CacheJobSpec, encode_cache_record, write_output_shard
     from taskdata.beam.spill import SpillWriter
-    from tests.cache_tasks import FEATURES
 
     class FakeTask:
         name = "toy_det"
@@ -303,3 +304,85 @@ def test_plan_refuses_a_current_cache_built_from_another_definition_of_the_task(
     assert warnings == [f"cannot check that the cache of task 'toy_text' ({new.version_dir}) was built from the task "
                         "as defined here: fingerprinting the definition failed (KeyError: 'TASKDATA_TEST_TEXT_DIR'); "
                         "it is pinned unchecked"]
+
+
+GAP_ERROR = (
+    "Cache build of task 'toy_gap' failed in the Beam pipeline: Task 'toy_gap', split 'train', source shard 2 "
+    "('2'): preprocessor 1 of 1 (tests.cache_tasks.EncodeText(prefix_chars=8)) failed at its input example 5 "
+    "(6 source records read): KeyError: 'text'\n"
+)
+
+
+def test_a_preprocessor_error_names_task_split_shard_example_preprocessor_and_exception(tmp_path):
+    with pytest.raises(CacheJobError) as info:
+        build(tmp_path, task="toy_gap", num_shards=2)
+    assert str(info.value).startswith(GAP_ERROR), str(info.value)
+    assert not list(tmp_path.rglob("COMPLETED"))
+
+
+@pytest.mark.slow
+def test_a_preprocessor_error_in_a_worker_process_names_the_same_place(tmp_path):
+    with pytest.raises(CacheJobError) as info:
+        build(tmp_path, task="toy_gap", num_shards=2,
+              beam_args=["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    assert str(info.value).startswith(GAP_ERROR), str(info.value)
+
+
+def test_the_same_error_reaches_inspect_without_beam(capsys):
+    from taskdata.cli import main
+
+    assert main(["inspect", "toy_gap", "--module", MODULE, "-n", "1000"]) == 2
+    assert capsys.readouterr().err == "taskdata inspect: error: " + GAP_ERROR.split("failed in the Beam pipeline: ")[1]
+
+
+def _c4_line(i: int) -> str:
+    import json
+
+    return json.dumps({"text": f"document {i} of the corpus", "timestamp": "2019-04-25T00:00:00Z", "url": f"u{i}"})
+
+
+EMPTY_FILES = {
+    "zero-byte .json.gz": ("c4-train.00001-of-00002.json.gz", b"", "the file is 0 bytes: not even a gzip header"),
+    "empty gzip": ("c4-train.00001-of-00002.json.gz", None, "the file is a gzip stream of 20 bytes that holds no data"),
+    "zero-byte .json": ("c4-train.00001-of-00002.json", b"", "the file is 0 bytes"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EMPTY_FILES))
+def test_an_empty_source_file_is_an_error_unless_empty_files_are_expected(tmp_path, monkeypatch, kind):
+    import gzip
+
+    name, data, description = EMPTY_FILES[kind]
+    corpus = tmp_path / "c4"
+    corpus.mkdir()
+    (corpus / "c4-train.00000-of-00002.json").write_text("".join(_c4_line(i) + "\n" for i in range(5)))
+    (corpus / name).write_bytes(gzip.compress(b"", mtime=0) if data is None else data)
+    monkeypatch.setenv("TASKDATA_TEST_C4_DIR", str(corpus))
+    with pytest.raises(CacheJobError) as info:
+        build(tmp_path / "cache", task="toy_c4", num_shards=2)
+    assert (f"Task 'toy_c4', split 'train', source shard 1 ('{corpus / name}'): the source shard holds no records "
+            f"({description}). Remove it if it is a broken export; if empty source files are expected, build the "
+            "source with allow_empty_files=True (allow_empty_shards=True for a FunctionSource) or pass 'taskdata "
+            "cache --allow-empty-source-files'.") in str(info.value)
+    assert not list((tmp_path / "cache").rglob("COMPLETED"))
+    allowed = build(tmp_path / "cache", task="toy_c4", num_shards=2, allow_empty_source_files=True)
+    assert allowed.manifest.split("train").num_records == 5
+    assert allowed.manifest.split("train").counters == {"empty_source_shards": 1}
+
+
+def test_the_cli_flag_and_the_source_option_allow_empty_files(tmp_path, monkeypatch):
+    from taskdata.cli import main
+    from taskdata.sources import C4Source
+
+    corpus = tmp_path / "c4"
+    corpus.mkdir()
+    (corpus / "c4-train.00000-of-00002.json").write_text(_c4_line(0) + "\n")
+    (corpus / "c4-train.00001-of-00002.json").write_bytes(b"")
+    monkeypatch.setenv("TASKDATA_TEST_C4_DIR", str(corpus))
+    argv = ["cache", "--task", "toy_c4", "--module", MODULE, "--output", str(tmp_path / "cache"), "--quiet"]
+    assert main(argv) == 2
+    assert main([*argv, "--allow-empty-source-files"]) == 0
+    records = [example for _, example in Task(
+        "c4_allowing", C4Source(str(corpus), splits=("train",), allow_empty_files=True), [EncodeText()], FEATURES,
+    ).iter_examples("train", seed=0)]
+    assert len(records) == 1

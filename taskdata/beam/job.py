@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import json
 import math
+import re
 import sys
 import threading
 import time
@@ -62,6 +63,8 @@ class CacheOptions:
     beam_args: tuple[str, ...] = ()
     spill_buffer_bytes: int = 64 << 20
     progress: bool = True
+    # Source shards with no records are an error (a broken export, usually) unless this says they are expected.
+    allow_empty_source_files: bool = False
     # What the built-in tasks read (and where they build it): the workers register them from this.
     config: Config = dataclasses.field(default_factory=Config)
 
@@ -118,6 +121,7 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
         task=task.name, task_fingerprint=task_fingerprint, modules=tuple(options.modules),
         config=options.config.to_tuple(), seed=options.seed, version_dir=version_dir, tmp_dir=tmp_dir,
         num_shards=tuple(sorted(num_shards.items())), spill_buffer_bytes=options.spill_buffer_bytes,
+        allow_empty_source_files=options.allow_empty_source_files,
     )
     log(f"[cache] task {task.name} (fingerprint {task_fingerprint[:12]}), seed {options.seed}, "
         + ", ".join(f"{s}: {sum(1 for w in work if w[0] == s)} source shards -> {num_shards[s]} shards"
@@ -223,10 +227,34 @@ def _run_pipeline(spec: Any, work: list[tuple[str, int, str]], options: CacheOpt
 
 
 def _root_cause(error: BaseException) -> str:
-    # Beam wraps worker exceptions; the last "...Error: message" line is the one that says what broke.
+    """The line that says what broke, out of what Beam made of a worker's exception.
+
+    In-process runners re-raise the worker's exception (its message suffixed with the step that ran
+    it); remote ones raise a RuntimeError holding the worker's traceback as text. A PreprocessingError
+    (the task, split, shard, stage and example) is searched for first, then any "...Error: message" line.
+    """
     text = str(error)
+    for cause in _chain(error):
+        if type(cause).__name__ == "PreprocessingError":
+            return _STEP_SUFFIX.sub("", str(cause)).strip()
+    found = [m.group(1) for m in _PREPROCESSING_LINE.finditer(text)]
+    if found:
+        return _STEP_SUFFIX.sub("", found[-1]).strip()
     lines = [line.strip() for line in text.splitlines() if "Error:" in line or "Exception:" in line]
     return lines[-1] if lines else text.strip().splitlines()[-1] if text.strip() else repr(error)
+
+
+_PREPROCESSING_LINE = re.compile(r"PreprocessingError: (.*)")
+_STEP_SUFFIX = re.compile(r" \[while running '[^']*'\]")
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in out:
+        out.append(current)
+        current = current.__cause__ or current.__context__
+    return out
 
 
 def _report_progress(tmp_dir: str, total: int, stop: threading.Event, log: Callable[[str], None]) -> None:

@@ -60,6 +60,7 @@ class CacheJobSpec:
     tmp_dir: str
     num_shards: tuple[tuple[str, int], ...]
     spill_buffer_bytes: int = 64 << 20
+    allow_empty_source_files: bool = False
 
     def shards_of(self, split: str) -> int:
         return dict(self.num_shards)[split]
@@ -147,7 +148,8 @@ def preprocess_source_shard(spec: CacheJobSpec, split: str, shard_index: int, so
     token_features = [k for k, f in task.output_features.items() if f.dtype != "string"]
     text_features = [k for k in task.output_features if k.endswith("_pretokenized")]
     info: dict[str, Any] | None = None
-    for ordinal, example in enumerate(task.process_shard(ctx, source_shard)):
+    examples = task.process_shard(ctx, source_shard, allow_empty=spec.allow_empty_source_files)
+    for ordinal, example in enumerate(examples):
         record = encode_cache_record(task, example, split, source_shard, shard_index, ordinal, spec.seed)
         spiller.add(shuffle_key(spec.seed, task.name, split, shard_index, ordinal), record)
         stats.add(example, token_features, text_features)
