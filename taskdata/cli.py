@@ -181,9 +181,12 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _registry(args: argparse.Namespace) -> Any:
+    from taskdata.sources.digest import remember_digests_in
     from taskdata.tasks import default_registry
 
-    registry = default_registry(_config(args))
+    config = _config(args)
+    remember_digests_in(os.path.join(config.home, "source-digests"))  # hash local source files once
+    registry = default_registry(config)
     for module in args.module:
         registry.load_module(module)
     return registry

@@ -386,3 +386,20 @@ def test_the_cli_flag_and_the_source_option_allow_empty_files(tmp_path, monkeypa
         "c4_allowing", C4Source(str(corpus), splits=("train",), allow_empty_files=True), [EncodeText()], FEATURES,
     ).iter_examples("train", seed=0)]
     assert len(records) == 1
+
+
+def test_a_same_size_edit_of_a_source_file_makes_the_cache_stale_not_reused(tmp_path, monkeypatch):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("the word found\nanother line\n")
+    monkeypatch.setenv("TASKDATA_TEST_TEXT_DIR", str(texts))
+    old = build(tmp_path / "cache", task="toy_text", num_shards=2)
+    (texts / "a.txt").write_text("the word FOUND\nanother line\n")
+    logs: list[str] = []
+    new = build(tmp_path / "cache", task="toy_text", num_shards=2, logs=logs)
+    assert not new.reused and new.version_dir != old.version_dir
+    assert any(line.startswith(f"[cache] stale: {old.version_dir}") for line in logs)
+    from tests.cache_tasks import VOCAB
+
+    texts_in_cache = {VOCAB.decode(decode_example(r)["targets"]) for r in records_of(new.version_dir)}
+    assert texts_in_cache == {"the word FOUND", "another line"}

@@ -116,12 +116,13 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
     fs.makedirs(tmp_dir)
     _check_writable(tmp_dir)
     from taskdata.beam.pipeline import CacheJobSpec
+    from taskdata.sources.digest import digests_remembered_in
 
     spec = CacheJobSpec(
         task=task.name, task_fingerprint=task_fingerprint, modules=tuple(options.modules),
         config=options.config.to_tuple(), seed=options.seed, version_dir=version_dir, tmp_dir=tmp_dir,
         num_shards=tuple(sorted(num_shards.items())), spill_buffer_bytes=options.spill_buffer_bytes,
-        allow_empty_source_files=options.allow_empty_source_files,
+        allow_empty_source_files=options.allow_empty_source_files, digest_memo_dir=digests_remembered_in(),
     )
     log(f"[cache] task {task.name} (fingerprint {task_fingerprint[:12]}), seed {options.seed}, "
         + ", ".join(f"{s}: {sum(1 for w in work if w[0] == s)} source shards -> {num_shards[s]} shards"

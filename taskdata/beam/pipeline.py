@@ -61,6 +61,7 @@ class CacheJobSpec:
     num_shards: tuple[tuple[str, int], ...]
     spill_buffer_bytes: int = 64 << 20
     allow_empty_source_files: bool = False
+    digest_memo_dir: str | None = None  # where the launcher remembers source files' digests
 
     def shards_of(self, split: str) -> int:
         return dict(self.num_shards)[split]
@@ -68,7 +69,11 @@ class CacheJobSpec:
 
 def _load_task(spec: CacheJobSpec) -> Any:
     from taskdata.config import Config
+    from taskdata.sources.digest import remember_digests_in
     from taskdata.tasks import default_registry
+
+    if spec.digest_memo_dir is not None:
+        remember_digests_in(spec.digest_memo_dir)  # the launcher hashed the local source files already
 
     registry = default_registry(Config(*spec.config))
     for module in spec.modules:

@@ -105,8 +105,11 @@ def iter_text_lines(path: str) -> Iterator[tuple[int, str]]:
 
 
 def files_description(files_by_split: Mapping[str, list[str]]) -> dict[str, list[list[Any]]]:
-    """Base names and sizes of every file, per split (paths differ between machines; names do not)."""
+    """Base name, size and content digest of every file, per split (paths differ between machines; names
+    and contents do not). The digest makes an edit that keeps a file's size change the fingerprint."""
+    from taskdata.sources.digest import file_digest
+
     return {
-        split: [[path.rsplit("/", 1)[-1], fs.size(path)] for path in files]
+        split: [[path.rsplit("/", 1)[-1], fs.size(path), file_digest(path)] for path in files]
         for split, files in sorted(files_by_split.items())
     }
