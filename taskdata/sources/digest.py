@@ -1,8 +1,10 @@
 """Content digests of source files, for fingerprints: an edited file changes its task's fingerprint.
 
-Object stores keep a checksum of every object in its metadata (GCS: ``md5Hash``, or ``crc32c`` for a
-composite object; S3 and others: an ETag), which comes with the listing at no cost. Other files are
-hashed (sha256) once: the digest is remembered by (path, size, modification time, inode) in this
+The digest is the file's CRC32C, as GCS writes it in every object's metadata (``crc32c``: base64 of
+the big-endian value; composite objects have no md5, every object has this), so on GCS it comes with
+the listing at no cost, and a copy of the same files on local disk (or any store) gets the same
+digest: a cache built from either is the same cache. Files without one in their metadata are read
+and checksummed once (CRC32C runs at several GB/s): the digest is remembered by (path, size, modification time, inode) in this
 process and, where an entry point says where (``remember_digests_in``: the command line uses
 ``{home}/source-digests``, and the cache job hands the folder to its workers), on disk, so that the next process need not read a large
 corpus again. A remembered digest is trusted only for a file last modified well before it was hashed:
@@ -12,6 +14,7 @@ digest (git's "racily clean" entries). The memo only saves work: a digest never 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -20,13 +23,14 @@ import threading
 import time
 from typing import Any
 
+import google_crc32c
+
 from taskdata import fs
 
 __all__ = ["digests_remembered_in", "file_digest", "remember_digests_in"]
 
 # Modification times closer than this to the moment of hashing are not trusted (coarse clocks, NFS).
 RACY_NS = 2_000_000_000
-_CHECKSUM_FIELDS = (("md5Hash", "md5"), ("crc32c", "crc32c"), ("ETag", "etag"), ("etag", "etag"))
 
 _lock = threading.Lock()
 _memory: dict[tuple[Any, ...], tuple[str, int]] = {}  # memo key -> (digest, time hashing started, ns)
@@ -45,16 +49,15 @@ def digests_remembered_in() -> str | None:
 
 
 def file_digest(path: str) -> str:
-    """``"md5:..."``, ``"crc32c:..."`` or ``"etag:..."`` from an object store's metadata, else ``"sha256:..."``."""
+    """``"crc32c:<base64>"`` of the file's bytes: from an object store's metadata where it is, else computed."""
     filesystem, inner = fs.filesystem(path)
     if fs.is_remote(path):
         info = filesystem.info(inner)
-        for field, label in _CHECKSUM_FIELDS:
-            if info.get(field):
-                return f"{label}:{info[field]}"
+        if info.get("crc32c"):
+            return f"crc32c:{info['crc32c']}"
         version = info.get("generation") or info.get("mtime") or info.get("updated") or info.get("LastModified")
         if version is None:  # nothing says whether the object changed: read it every time
-            return _sha256(path)
+            return _crc32c(path)
         return _memoized(("remote", path, info.get("size"), str(version)), path, None)
     stat = os.stat(inner)
     key = ("local", os.path.realpath(inner), stat.st_size, stat.st_mtime_ns, stat.st_ino)
@@ -72,7 +75,7 @@ def _memoized(key: tuple[Any, ...], path: str, mtime_ns: int | None) -> str:
     if found is not None and trusted(found[1]):
         return found[0]
     hashed_at_ns = time.time_ns()
-    digest = _sha256(path)
+    digest = _crc32c(path)
     with _lock:
         _memory[key] = (digest, hashed_at_ns)
     if _memo_dir is not None and key[0] == "local" and trusted(hashed_at_ns):
@@ -80,9 +83,12 @@ def _memoized(key: tuple[Any, ...], path: str, mtime_ns: int | None) -> str:
     return digest
 
 
-def _sha256(path: str) -> str:
+def _crc32c(path: str) -> str:
+    checksum = google_crc32c.Checksum()
     with fs.open_file(path, "rb") as f:
-        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+        while chunk := f.read(8 << 20):
+            checksum.update(chunk)
+    return "crc32c:" + base64.b64encode(checksum.digest()).decode()
 
 
 def _memo_path(key: tuple[Any, ...]) -> str:
