@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split to cache (repeatable; default: every split of the source)")
     p.add_argument("--force", action="store_true", help="build a new version even if a matching complete one exists")
     p.add_argument("--no-verify", action="store_true", help="skip re-reading every record before committing")
+    p.add_argument("--stale-after", type=float, default=900.0, metavar="SECONDS",
+                   help="remove incomplete versions of the task in which nothing was written for this long (their "
+                        "jobs died; a running job rewrites its lease every 30 s); default 900")
     p.add_argument("--allow-empty-source-files", action="store_true",
                    help="accept source files with no records (by default an empty or zero-byte file is an error)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -281,6 +284,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
             splits=tuple(args.splits) if args.splits else None, force=args.force, verify=not args.no_verify,
             modules=tuple(args.module), beam_args=tuple(args.beam_args), progress=not args.quiet,
             config=_config(args), allow_empty_source_files=args.allow_empty_source_files,
+            stale_after_s=args.stale_after,
         )
         result = run_cache_job(options, registry)
         print(result.version_dir)

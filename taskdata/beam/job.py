@@ -4,6 +4,8 @@ The commit protocol: every file goes into a fresh version folder; the manifest i
 shards verify, ``COMPLETED`` (holding the manifest's hash) after the manifest, and the task's
 ``CURRENT`` pointer after that. A crash at any moment leaves either the previous complete version or
 a folder without ``COMPLETED``, which nothing reads. A complete version is never modified or deleted.
+While a job writes its version it holds a lease on it (``taskdata.cache.lease``); every job first
+removes the incomplete versions whose lease went stale (their jobs died).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from taskdata.cache.format import (
     manifest_bytes,
     task_dir,
 )
+from taskdata.cache.lease import DEFAULT_STALE_AFTER_S, VersionLease, remove_abandoned_versions
 from taskdata.cache.stats import FeatureStats
 from taskdata.config import Config
 
@@ -63,6 +66,8 @@ class CacheOptions:
     beam_args: tuple[str, ...] = ()
     spill_buffer_bytes: int = 64 << 20
     progress: bool = True
+    # Incomplete versions in which nothing was written for this long are removed as abandoned.
+    stale_after_s: float = DEFAULT_STALE_AFTER_S
     # Source shards with no records are an error (a broken export, usually) unless this says they are expected.
     allow_empty_source_files: bool = False
     # What the built-in tasks read (and where they build it): the workers register them from this.
@@ -74,6 +79,9 @@ class CacheOptions:
         check_seed(self.seed)
         if self.num_shards is not None and (not isinstance(self.num_shards, int) or self.num_shards <= 0):
             raise ValueError(f"Number of shards must be a positive integer but got {self.num_shards!r}.")
+        if isinstance(self.stale_after_s, bool) or not isinstance(self.stale_after_s, int | float) \
+                or not self.stale_after_s > 0:
+            raise ValueError(f"stale_after_s must be a positive number of seconds but got {self.stale_after_s!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +102,7 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
         task.source.check_split(split)
     task_fingerprint = task.fingerprint()
     root = task_dir(options.output, task.name)
+    remove_abandoned_versions(root, options.stale_after_s, log)
 
     reusable = None if options.force else _find_reusable(root, task_fingerprint, options, splits, log)
     if reusable is not None:
@@ -128,8 +137,11 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
         + ", ".join(f"{s}: {sum(1 for w in work if w[0] == s)} source shards -> {num_shards[s]} shards"
                     for s in splits))
     log(f"[cache] writing {version_dir}")
-    _run_pipeline(spec, work, options, log)
-    manifest = _finalize(task, spec, splits, num_shards, options, log)
+    # The lease tells later jobs that this version is being written; without it, they remove it once stale.
+    with VersionLease(version_dir, refresh_s=min(30.0, options.stale_after_s / 10)):
+        _run_pipeline(spec, work, options, log)
+        manifest = _finalize(task, spec, splits, num_shards, options, log)
+    _remove_tree(tmp_dir)
     seconds = time.monotonic() - started
     total_bytes = sum(s.bytes for split in manifest.splits.values() for s in split.shards)
     log(f"[cache] done in {seconds:.1f} s: " + ", ".join(
@@ -220,7 +232,8 @@ def _run_pipeline(spec: Any, work: list[tuple[str, int, str]], options: CacheOpt
     except Exception as e:
         raise CacheJobError(f"Cache build of task {spec.task!r} failed in the Beam pipeline: "
                             f"{_root_cause(e)}\nThe partial version {spec.version_dir} is not marked "
-                            "complete and will never be read; it is safe to delete.") from e
+                            "complete and will never be read; a later 'taskdata cache' of this task removes it "
+                            "once nothing has been written to it for --stale-after seconds.") from e
     finally:
         stop.set()
         if reporter.is_alive():
@@ -337,7 +350,6 @@ def _finalize(task: Any, spec: Any, splits: Sequence[str], num_shards: dict[str,
     fs.write_atomic(completed_path(spec.version_dir), completed_bytes(data))
     fs.write_atomic(fs.join(task_dir(options.output, task.name), CURRENT),
                     spec.version_dir.rstrip("/").rsplit("/", 1)[-1].encode() + b"\n")
-    _remove_tree(spec.tmp_dir)
     return manifest
 
 
