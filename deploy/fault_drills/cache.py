@@ -135,9 +135,11 @@ def sigkill(kills: int = 25, seed: int = 0, multi_process: bool = False, max_att
         task_root = output / "drill_docs"
         counts = {"runs": 0, "killed": 0, "finished_before_kill": 0, "complete_versions_left_by_killed_runs": 0,
                   "complete_looking_but_failing_verify": 0, "current_not_naming_a_complete_version": 0}
+        phases: dict[str, int] = {}
         while counts["killed"] < kills and counts["runs"] < (max_attempts or 3 * kills):
             counts["runs"] += 1
-            before = len(list(task_root.glob("v*/COMPLETED")))
+            before = set(list_versions(str(task_root)))
+            complete_before = len(list(task_root.glob("v*/COMPLETED")))
             process = subprocess.Popen(_cache_command(output, "drill_docs", *extra), env=env, cwd=REPO,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             time.sleep(rng.uniform(0.05, full_run))
@@ -145,13 +147,17 @@ def sigkill(kills: int = 25, seed: int = 0, multi_process: bool = False, max_att
                 _kill_group(process)
                 counts["killed"] += 1
                 complete, bad, dangling = _check_root(task_root)
-                counts["complete_versions_left_by_killed_runs"] += complete - before
+                counts["complete_versions_left_by_killed_runs"] += complete - complete_before
+                new = sorted(set(list_versions(str(task_root))) - before)
+                phase = _phase(task_root / new[-1]) if new else "before_its_version_folder"
+                phases[phase] = phases.get(phase, 0) + 1
             else:
                 process.wait()
                 counts["finished_before_kill"] += 1
                 complete, bad, dangling = _check_root(task_root)
             counts["complete_looking_but_failing_verify"] += bad
             counts["current_not_naming_a_complete_version"] += dangling
+        counts["kills_by_phase"] = dict(sorted(phases.items()))
         final = _run(_cache_command(output, "drill_docs", *extra), env)
         reference_dir = next((work / "reference" / "drill_docs").glob("v*/COMPLETED")).parent
         current = Path(current_version(str(task_root)) or "")
@@ -159,6 +165,17 @@ def sigkill(kills: int = 25, seed: int = 0, multi_process: bool = False, max_att
             final.returncode == 0 and _files_of(current) == _files_of(reference_dir))
         counts["unkilled_build_seconds"] = round(full_run, 2)
         return counts
+
+
+def _phase(version_dir: Path) -> str:
+    """How far a killed build got, from what its version folder holds."""
+    if (version_dir / "COMPLETED").exists():
+        return "after_completed"
+    if (version_dir / "manifest.json").exists():
+        return "between_manifest_and_completed"
+    if list(version_dir.glob("*.tfrecord-*")):
+        return "writing_or_verifying_shards"
+    return "preprocessing"
 
 
 def sigkill_in_process(kills: int = 25, seed: int = 0) -> dict:

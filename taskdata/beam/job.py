@@ -247,9 +247,11 @@ def _root_cause(error: BaseException) -> str:
     it); remote ones raise a RuntimeError holding the worker's traceback as text. A PreprocessingError
     (the task, split, shard, stage and example) is searched for first, then any "...Error: message" line.
     """
+    from taskdata.define.task import PreprocessingError
+
     text = str(error)
     for cause in _chain(error):
-        if type(cause).__name__ == "PreprocessingError":
+        if isinstance(cause, PreprocessingError):
             return _STEP_SUFFIX.sub("", str(cause)).strip()
     found = [m.group(1) for m in _PREPROCESSING_LINE.finditer(text)]
     if found:

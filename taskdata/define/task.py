@@ -121,13 +121,12 @@ class Task:
             inputs = _Counted(stream)
             stage = f"preprocessor {number} of {len(self.preprocessors)} ({_stage_name(preprocessor)})"
             stream = where.guard(preprocessor(inputs, ctx), stage, inputs, source)
-        produced = 0
-        for produced, example in enumerate(stream, start=1):
+        for produced, example in enumerate(stream):
             try:
                 self.check_example(example)
             except OutputFeatureError as e:
                 raise where.error("checking the output features",
-                                  f"example {produced - 1} of the shard ({source.count} source records read)", e) from e
+                                  f"example {produced} of the shard ({source.count} source records read)", e) from e
             yield example
         if source.count == 0 and not (allow_empty or self.source.allows_empty_shards):
             raise PreprocessingError(
@@ -214,9 +213,9 @@ class _Where:
                 position = f"{example} ({source.count} source records read)"
             raise self.error(stage, position, e) from e
 
-    def error(self, stage: str, position: str, cause: Exception | str) -> PreprocessingError:
-        what = cause if isinstance(cause, str) else f"{type(cause).__name__}: {_one_line(str(cause))}"
-        return PreprocessingError(f"{self}: {stage} failed at {position}: {what}")
+    def error(self, stage: str, position: str, cause: Exception) -> PreprocessingError:
+        return PreprocessingError(f"{self}: {stage} failed at {position}: {type(cause).__name__}: "
+                                  f"{_one_line(str(cause))}")
 
     def __str__(self) -> str:
         return f"Task {self.task!r}, split {self.split!r}, source shard {self.shard_index} ({self.shard!r})"
