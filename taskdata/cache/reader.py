@@ -93,8 +93,11 @@ class CacheReader:
         record_array = np.asarray(records, dtype=np.int64)
         if shard_array.shape != record_array.shape or shard_array.ndim != 1:
             raise ValueError("shards and records must be 1-D sequences of the same length.")
+        unique = np.unique(shard_array).tolist()
+        if len(unique) == 1:
+            return self._gather(split, int(unique[0]), record_array)
         out: list[bytes] = [b""] * len(shard_array)
-        for shard in np.unique(shard_array).tolist():
+        for shard in unique:
             slots = np.flatnonzero(shard_array == shard)
             data = self._gather(split, int(shard), record_array[slots])
             for slot, record in zip(slots.tolist(), data, strict=True):
@@ -149,8 +152,8 @@ class CacheReader:
             # the file's positions (what 'taskdata verify' says), not the buffer's.
             raise CorruptRecordError(reader.path, int(wanted[whole]), int(starts[whole]),
                                      truncation_reason(file_end, int(starts[whole]), int(ends[whole])))
-        data = [buffer[a:b] for a, b in zip(data_starts.tolist(), data_ends.tolist(), strict=True)]
-        return [data[i] for i in slot_of.tolist()]
+        # In the order asked for (a record asked for twice is returned twice).
+        return [buffer[a:b] for a, b in zip(data_starts[slot_of].tolist(), data_ends[slot_of].tolist(), strict=True)]
 
     def _source(self, split: str, shard: int) -> Any:
         """A raw file descriptor (local: read with ``pread``) or a random-access fsspec file (remote)."""
