@@ -1,7 +1,8 @@
 """Cache drills: kill the cache job, damage finished caches, truncate shards under readers.
 
 Every drill works in its own temporary folder on local disk, starts only processes it stops itself
-(by process group id), and returns counts: what was done and how much of it was caught and located.
+(by process group id), and returns counts: what was done and how much of it was caught and located;
+``ok`` says whether every expectation held.
 
 - ``cache-sigkill-in-process`` / ``cache-sigkill-multi-process``: ``taskdata cache`` SIGKILLed at random
   moments (up to the length of an unkilled build, so kills land in every phase, the commit included),
@@ -164,6 +165,9 @@ def sigkill(kills: int = 25, seed: int = 0, multi_process: bool = False, max_att
         counts["rerun_byte_identical_to_unkilled_build"] = int(
             final.returncode == 0 and _files_of(current) == _files_of(reference_dir))
         counts["unkilled_build_seconds"] = round(full_run, 2)
+        counts["ok"] = (counts["killed"] == kills and counts["complete_looking_but_failing_verify"] == 0
+                        and counts["current_not_naming_a_complete_version"] == 0
+                        and counts["rerun_byte_identical_to_unkilled_build"] == 1)
         return counts
 
 
@@ -232,6 +236,7 @@ def kill_between_completed_and_current(rounds: int = 10) -> dict:
             counts["plan_pinned_the_reported_version"] += (
                 planned.returncode == 0
                 and bool(pinned) and pinned in (output / "_runs" / f"r{round_}.json").read_text())
+    counts["ok"] = set(counts.values()) == {rounds}
     return counts
 
 
@@ -304,6 +309,7 @@ def byte_flips(per_stratum: int = 200, seed: int = 0) -> dict:
         if verify_version(version_dir) != []:
             raise DrillFailure("the cache did not verify after every flip was undone")
     counts["total"] = {key: sum(c[key] for c in counts.values()) for key in counts["length"]}
+    counts["ok"] = set(counts["total"].values()) == {5 * per_stratum}
     return counts
 
 
@@ -436,7 +442,7 @@ def structural_damage(truncations: int = 20, swaps: int = 20, seed: int = 0) -> 
             count_file(f"{case}_verify", verify_error(copy), *names)
             count_file(f"{case}_reader", read_error(copy), *names)
     results["total"] = {key: sum(r[key] for r in results.values()) for key in ("cases", "detected", "located")}
-    return results
+    return {**results, "ok": len(set(results["total"].values())) == 1}
 
 
 def _replace(path: Path, old: bytes, new: bytes) -> None:
@@ -506,6 +512,7 @@ def truncate_under_reader(rounds: int = 30, seed: int = 0) -> dict:
             elif out.startswith("CORRUPT"):
                 counts["corrupt_record_error"] += 1
                 counts["named_the_cut_record"] += out.split()[1:] == [str(record), str(int(offsets[record]))]
+    counts["ok"] = counts["corrupt_record_error"] == counts["named_the_cut_record"] == rounds
     return counts
 
 
@@ -549,7 +556,7 @@ def abandoned_versions(kills: int = 12, stale_after_s: float = 3.0, seed: int = 
         live_versions = after - complete - left
         said = [line for line in live_log.read_text().splitlines() + cleaner.stderr.splitlines()
                 if "removed abandoned incomplete version" in line]
-        return {
+        counts = {
             "killed_jobs": kills,
             "complete_versions": len(complete),
             "incomplete_versions_left_by_killed_jobs": len(left),
@@ -559,6 +566,9 @@ def abandoned_versions(kills: int = 12, stale_after_s: float = 3.0, seed: int = 
             "live_version_kept": len(live_versions),
             "incomplete_versions_left_after_cleanup": len(left & after),
         }
+        counts["ok"] = (counts["removed"] == counts["removals_logged"] == len(left) and not complete - after
+                        and not left & after and len(live_versions) == 1)
+        return counts
 
 
 DRILLS: list[tuple[str, Callable[[], dict]]] = [

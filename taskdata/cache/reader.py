@@ -121,21 +121,7 @@ class CacheReader:
         last_of_run = np.append(first_of_run[1:], len(wanted)) - 1
         begins = starts[first_of_run].tolist()
         sizes = (ends[last_of_run] - starts[first_of_run]).tolist()
-        source = self._source(split, shard)
-        if isinstance(source, int):
-            parts = [os.pread(source, size, begin) for begin, size in zip(begins, sizes, strict=True)]
-        else:
-            parts = [_ranged_read(source, begin, size) for begin, size in zip(begins, sizes, strict=True)]
-        file_end = None
-        if sum(map(len, parts)) != sum(sizes):
-            # A read came back short: the file ends early (one pread may also stop short: ask again).
-            for k, (begin, size) in enumerate(zip(begins, sizes, strict=True)):
-                parts[k] += _ranged_read(source, begin + len(parts[k]), size - len(parts[k]))
-                if len(parts[k]) < size:
-                    del parts[k + 1 :]
-                    file_end = _file_size(source, reader.path)
-                    break
-        buffer = b"".join(parts)
+        buffer, file_end = _read_runs(self._source(split, shard), reader.path, begins, sizes)
         frame_offsets = np.concatenate(([0], np.cumsum(ends - starts)))
         whole = len(wanted) if file_end is None else int(np.searchsorted(frame_offsets[1:], len(buffer), side="right"))
         try:
@@ -153,7 +139,8 @@ class CacheReader:
             raise CorruptRecordError(reader.path, int(wanted[whole]), int(starts[whole]),
                                      truncation_reason(file_end, int(starts[whole]), int(ends[whole])))
         # In the order asked for (a record asked for twice is returned twice).
-        return [buffer[a:b] for a, b in zip(data_starts[slot_of].tolist(), data_ends[slot_of].tolist(), strict=True)]
+        return [bytes(buffer[a:b]) for a, b in zip(data_starts[slot_of].tolist(), data_ends[slot_of].tolist(),
+                                                   strict=True)]
 
     def _source(self, split: str, shard: int) -> Any:
         """A raw file descriptor (local: read with ``pread``) or a random-access fsspec file (remote)."""
@@ -218,23 +205,31 @@ class CacheReader:
         return self._shards[key]
 
 
-def _ranged_read(source: Any, begin: int, size: int) -> bytes:
-    """``size`` bytes at ``begin`` (fewer only at the end of the file) from a descriptor or an fsspec file."""
+def _read_runs(source: Any, path: str, begins: list[int], sizes: list[int]) -> tuple[memoryview, int | None]:
+    """The byte ranges ``[begins[i], begins[i] + sizes[i])`` one after another in one buffer, and None;
+    or, where the file ends early, the whole ranges before its end and the file's size."""
+    buffer = memoryview(bytearray(sum(sizes)))
+    position = 0
+    for begin, size in zip(begins, sizes, strict=True):
+        target = buffer[position : position + size]
+        # Into a buffer allocated once: one system call per range, no bytes object per range.
+        got = os.preadv(source, [target], begin) if isinstance(source, int) else 0
+        while got < size:
+            more = _read_into(source, target[got:], begin + got)
+            if not more:
+                return buffer[: position + got], os.fstat(source).st_size if isinstance(source, int) else fs.size(path)
+            got += more
+        position += size
+    return buffer, None
+
+
+def _read_into(source: Any, target: memoryview, begin: int) -> int:
+    """Reads up to ``len(target)`` bytes at ``begin`` into ``target``; 0 at the end of the file."""
     if isinstance(source, int):
-        parts = []
-        while size:
-            data = os.pread(source, size, begin)
-            if not data:
-                break
-            parts.append(data)
-            begin += len(data)
-            size -= len(data)
-        return b"".join(parts)
-    from taskdata.cache.tfrecord import read_full
-
+        return os.preadv(source, [target], begin)
     source.seek(begin)
-    return read_full(source, size)
+    data = source.read(len(target))
+    target[: len(data)] = data
+    return len(data)
 
 
-def _file_size(source: Any, path: str) -> int:
-    return os.fstat(source).st_size if isinstance(source, int) else fs.size(path)
