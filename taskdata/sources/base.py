@@ -49,7 +49,7 @@ class Source(abc.ABC):
 
     @abc.abstractmethod
     def fingerprint_description(self) -> Any:
-        """What identifies this source's data (e.g. file names and sizes)."""
+        """What identifies this source's data (e.g. file names, sizes and content digests)."""
 
     def estimated_bytes(self, split: str) -> int | None:
         """Roughly how many bytes of text ``split`` holds, to size output shards; None if unknown."""
