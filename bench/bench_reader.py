@@ -6,6 +6,8 @@ taskdata's own writer, then reads it back, pinned to one core, in several ways:
 
 - raw bytes (16 MiB reads, page cache warm): the ceiling;
 - framing + both CRCs, sequentially (``iter_records``) and by ranged reads (``ShardReader.read``);
+- the trainer's gathered reads (``CacheReader.read_records``, framing + CRCs + each record's place
+  checked against the sidecar): contiguous runs (epoch 0) and scattered records (later epochs);
 - full decode to numpy (``ShardReader.read_batch``), with and without CRC checks, for several
   batch sizes, and ``decode_batch`` alone on records already in memory;
 - the peer, in the same run: TensorFlow's ``tf.data.TFRecordDataset`` + ``tf.io.parse_example``
@@ -43,9 +45,10 @@ INPUTS, TARGETS = 512, 114
 SPEC = {"inputs": "int32", "targets": "int32", "_task": "string", "_shard": "int64", "_index": "int64"}
 
 
-def make_shard(directory: pathlib.Path, records: int, seed: int) -> tuple[str, np.ndarray, int]:
-    """(shard path, offsets, max record bytes) of a freshly written synthetic shard."""
-    directory.mkdir(parents=True, exist_ok=True)
+def make_shard(directory: pathlib.Path, records: int, seed: int) -> tuple[str, tfrecord.RecordIndex, int]:
+    """(shard path, sidecar, max record bytes) of a freshly written synthetic shard, in a complete
+    one-shard cache version folder (manifest and COMPLETED) that ``CacheReader`` opens."""
+    (directory / "index").mkdir(parents=True, exist_ok=True)
     path = directory / "train.tfrecord-00000-of-00001"
     rng = np.random.default_rng(seed)
     longest = 0
@@ -64,8 +67,38 @@ def make_shard(directory: pathlib.Path, records: int, seed: int) -> tuple[str, n
             longest = max(longest, len(record))
             writer.write(record)
     sidecar = writer.offsets_sidecar()
-    (directory / "train.offsets-00000-of-00001").write_bytes(sidecar)
-    return str(path), tfrecord.read_offsets(sidecar, "sidecar"), longest
+    (directory / "index" / "train.tfrecord-00000-of-00001.offsets").write_bytes(sidecar)
+    write_version_files(directory, path, sidecar, records, longest)
+    return str(path), tfrecord.read_record_index(sidecar, "sidecar"), longest
+
+
+def write_version_files(directory: pathlib.Path, path: pathlib.Path, sidecar: bytes, records: int, longest: int) -> None:
+    import hashlib
+
+    from taskdata.cache.format import Manifest, ShardEntry, SplitManifest, completed_bytes, manifest_bytes
+
+    entry = ShardEntry(
+        file=path.name, records=records, bytes=path.stat().st_size,
+        sha256=hashlib.sha256(path.read_bytes()).hexdigest(), offsets_file=f"index/{path.name}.offsets",
+        offsets_sha256=hashlib.sha256(sidecar).hexdigest(), max_record_bytes=longest,
+    )
+    manifest = Manifest(
+        task="bench", task_fingerprint="0" * 64, fingerprints={}, seed=0, taskdata_version="bench",
+        sequence_length={}, features={name: {"dtype": dtype, "shape": [None]} for name, dtype in SPEC.items()},
+        splits={"train": SplitManifest(shards=(entry,), source_shards=1, counters={})},
+    )
+    data = manifest_bytes(manifest)
+    (directory / "manifest.json").write_bytes(data)
+    (directory / "COMPLETED").write_bytes(completed_bytes(data))
+
+
+def gather(version_dir: str, order: np.ndarray, batch: int) -> None:
+    from taskdata.cache.reader import CacheReader
+
+    with CacheReader(version_dir) as reader:
+        for first in range(0, len(order), batch):
+            records = order[first : first + batch]
+            reader.read_records("train", np.zeros(len(records), dtype=np.int64), records)
 
 
 def cache_job_rows(count: int, seed: int) -> list[dict[str, object]]:
@@ -126,14 +159,14 @@ def iterate_records(path: str) -> None:
             pass
 
 
-def read_ranges(path: str, offsets: np.ndarray, longest: int, batch: int) -> None:
-    with ShardReader(path, offsets, longest) as reader:
+def read_ranges(path: str, index: tfrecord.RecordIndex, longest: int, batch: int) -> None:
+    with ShardReader(path, index, longest) as reader:
         for first in range(0, reader.num_records, batch):
             reader.read(first, min(batch, reader.num_records - first))
 
 
-def read_decoded(path: str, offsets: np.ndarray, longest: int, batch: int, verify_crc: bool) -> None:
-    with ShardReader(path, offsets, longest, verify_crc=verify_crc) as reader:
+def read_decoded(path: str, index: tfrecord.RecordIndex, longest: int, batch: int, verify_crc: bool) -> None:
+    with ShardReader(path, index, longest, verify_crc=verify_crc) as reader:
         for first in range(0, reader.num_records, batch):
             reader.read_batch(first, min(batch, reader.num_records - first), SPEC)
 
@@ -193,9 +226,9 @@ def main() -> None:
 
     core = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
-    path, offsets, longest = make_shard(pathlib.Path(args.dir), args.records, args.seed)
-    n = len(offsets) - 1
-    size = int(offsets[-1])
+    path, index, longest = make_shard(pathlib.Path(args.dir), args.records, args.seed)
+    n = index.count
+    size = int(index.offsets[-1])
     tokens = n * (INPUTS + TARGETS)
     read_raw(path)  # warm the page cache
 
@@ -220,19 +253,31 @@ def main() -> None:
     )
     report(
         f"framing + CRC, ShardReader.read (batches of {args.batch})",
-        best_cpu_seconds(lambda: read_ranges(path, offsets, longest, args.batch), args.repeats),
+        best_cpu_seconds(lambda: read_ranges(path, index, longest, args.batch), args.repeats),
+        "records",
+    )
+    version_dir = str(pathlib.Path(path).parent)
+    report(
+        f"framing + CRC + place, CacheReader.read_records (contiguous runs of {args.batch}, epoch 0)",
+        best_cpu_seconds(lambda: gather(version_dir, np.arange(n), args.batch), args.repeats),
+        "records",
+    )
+    scattered = np.random.default_rng(args.seed).permutation(n)
+    report(
+        f"framing + CRC + place, CacheReader.read_records (scattered, {args.batch} random records per call)",
+        best_cpu_seconds(lambda: gather(version_dir, scattered, args.batch), args.repeats),
         "records",
     )
     for batch in sorted({64, 256, args.batch, 4096}):
         report(
             f"full decode with CRC, ShardReader.read_batch (batches of {batch})",
-            best_cpu_seconds(lambda b=batch: read_decoded(path, offsets, longest, b, True), args.repeats),
+            best_cpu_seconds(lambda b=batch: read_decoded(path, index, longest, b, True), args.repeats),
         )
     report(
         f"full decode without CRC (batches of {args.batch})",
-        best_cpu_seconds(lambda: read_decoded(path, offsets, longest, args.batch, False), args.repeats),
+        best_cpu_seconds(lambda: read_decoded(path, index, longest, args.batch, False), args.repeats),
     )
-    with ShardReader(path, offsets, longest) as reader:
+    with ShardReader(path, index, longest) as reader:
         records = reader.read(0, n)
     report(
         f"decode_batch alone, records in memory (batches of {args.batch})",

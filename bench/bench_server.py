@@ -82,7 +82,7 @@ def write_cache(root: Path, task: str, num_shards: int) -> Path:
         for frame in frames:
             offsets.append(position)
             position += len(frame)
-        sidecar = write_offsets(offsets, len(data))
+        sidecar = write_offsets(offsets, len(data), [int.from_bytes(frame[-4:], "little") for frame in frames])
         file, offsets_file = shard_name("train", shard, num_shards), offsets_name("train", shard, num_shards)
         (version_dir / file).write_bytes(data)
         (version_dir / offsets_file).write_bytes(sidecar)

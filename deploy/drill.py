@@ -528,6 +528,7 @@ class _Drill:
         output = self._taskdata(
             "plan", "plan", "--name", RUN, "--mixture", TASK, "--cache-root", self.cache_root, "--seed", str(c.seed),
             "--batch-size", str(c.batch_size), "--num-data-shards", str(HOSTS),
+            "--c4-dir", self.c4_dir,  # the task as the cache was built: plan refuses a cache of another definition
         )  # fmt: skip
         match = re.search(r"fingerprint ([0-9a-f]{64})", output)
         if match is None:

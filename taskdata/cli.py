@@ -95,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split to cache (repeatable; default: every split of the source)")
     p.add_argument("--force", action="store_true", help="build a new version even if a matching complete one exists")
     p.add_argument("--no-verify", action="store_true", help="skip re-reading every record before committing")
+    p.add_argument("--stale-after", type=float, default=900.0, metavar="SECONDS",
+                   help="remove incomplete versions of the task in which nothing was written for this long (their "
+                        "jobs died; a running job rewrites its lease every 30 s); default 900")
+    p.add_argument("--allow-empty-source-files", action="store_true",
+                   help="accept source files with no records (by default an empty or zero-byte file is an error)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(run=_cmd_cache)
 
@@ -104,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cmd_eval)
 
     p = sub.add_parser("verify", help="re-read every record of a cache and check it against its manifest")
-    p.add_argument("cache", help="a version folder, or a task folder (its CURRENT version is verified)")
+    p.add_argument("cache", help="a version folder, a task folder (its CURRENT version is verified), or a cache "
+                                 "root (every task's CURRENT version is verified, one line per task)")
     p.set_defaults(run=_cmd_verify)
 
     p = sub.add_parser(
@@ -213,9 +219,12 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _registry(args: argparse.Namespace) -> Any:
+    from taskdata.sources.digest import remember_digests_in
     from taskdata.tasks import default_registry
 
-    registry = default_registry(_config(args))
+    config = _config(args)
+    remember_digests_in(os.path.join(config.home, "source-digests"))  # hash local source files once
+    registry = default_registry(config)
     for module in args.module:
         registry.load_module(module)
     return registry
@@ -313,7 +322,8 @@ def _cmd_cache(args: argparse.Namespace) -> int:
             task=name, output=args.output or _config(args).cache_root, seed=args.seed, num_shards=args.num_shards,
             splits=tuple(args.splits) if args.splits else None, force=args.force, verify=not args.no_verify,
             modules=tuple(args.module), beam_args=tuple(args.beam_args), progress=not args.quiet,
-            config=_config(args),
+            config=_config(args), allow_empty_source_files=args.allow_empty_source_files,
+            stale_after_s=args.stale_after,
         )
         result = run_cache_job(options, registry)
         print(result.version_dir)
@@ -414,11 +424,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     version_dir = args.cache
     if not fs.exists(fs.join(version_dir, "manifest.json")) and not fs.exists(fs.join(version_dir, "COMPLETED")):
-        current = current_version(version_dir)
-        if current is None:
-            raise FileNotFoundError(f"{version_dir} is neither a cache version (no manifest.json) nor a task folder "
-                                    "with a CURRENT version.")
-        version_dir = current
+        if not fs.exists(fs.join(version_dir, "CURRENT")):
+            return _verify_root(args.cache)
+        version_dir = current_version(version_dir)
     checked: list[str] = []
     problems = verify_version(version_dir, on_shard=checked.append)
     if problems:
@@ -426,6 +434,26 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         return 1
     print(f"OK {version_dir}: {len(checked)} shards, every record verified")
     return 0
+
+
+def _verify_root(root: str) -> int:
+    """Every task's CURRENT version under a cache root: one line per task; 1 if any fails."""
+    from taskdata.cache.verify import task_folders, verify_current
+
+    tasks = task_folders(root)
+    if not tasks:
+        raise FileNotFoundError(f"{root} is neither a cache version (no manifest.json), a task folder with a CURRENT "
+                                "version, nor a cache root holding task folders with CURRENT versions.")
+    failed = 0
+    for task in tasks:
+        result = verify_current(root, task)
+        if result.ok:
+            print(f"OK {result.version_dir}: {result.shards} shards, every record verified")
+        else:
+            failed += 1
+            print(f"FAILED {result.version_dir or task}: {result.problem}")
+    print(f"{len(tasks) - failed} of {len(tasks)} tasks under {root} verified")
+    return 1 if failed else 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -455,6 +483,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         num_data_shards=args.num_data_shards,
         skip=skip,
         split=args.split,
+        warn=lambda message: print(f"taskdata plan: warning: {message}", file=sys.stderr),
     )
     store = RunStore(root)
     created = store.create(run)

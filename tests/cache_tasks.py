@@ -13,7 +13,7 @@ from taskdata.define.task import Task
 from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.metrics import sequence_accuracy
 from taskdata.preprocessors.base import Example, ShardContext
-from taskdata.sources import FunctionSource, TextLineSource
+from taskdata.sources import C4Source, FunctionSource, TextLineSource
 
 VOCAB = ByteVocabulary()
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma"]
@@ -57,11 +57,23 @@ FEATURES = {"inputs": Feature(VOCAB), "targets": Feature(VOCAB)}
 SPLITS = {"train": [str(i) for i in range(6)], "validation": ["0", "1"]}
 
 
+def documents_with_a_gap(split: str, shard: str) -> Iterator[dict]:
+    """``synthetic_documents``, except that document 5 of shard 2 has no 'text' (a 'body' instead)."""
+    for i, document in enumerate(synthetic_documents(split, shard)):
+        yield {"body": document["text"]} if (shard, i) == ("2", 5) else document
+
+
+def c4_dir() -> str:
+    return os.environ["TASKDATA_TEST_C4_DIR"]
+
+
 def register_tasks(registry) -> None:
     registry.add(Task("toy_det", FunctionSource(synthetic_documents, SPLITS), [EncodeText()], FEATURES))
     registry.add(Task("toy_random", FunctionSource(synthetic_documents, SPLITS), [EncodeText(), RandomCrop()],
                       FEATURES, metric_fns=[sequence_accuracy]))
     registry.add(Task("toy_text", EnvTextSource(), [EncodeText()], FEATURES))
+    registry.add(Task("toy_gap", FunctionSource(documents_with_a_gap, SPLITS), [EncodeText()], FEATURES))
+    registry.add(Task("toy_c4", C4Source(c4_dir, splits=("train",)), [EncodeText()], FEATURES))
 
 
 class EnvTextSource(TextLineSource):

@@ -10,9 +10,12 @@ import pytest
 
 from taskdata.beam.job import CacheJobError, CacheOptions, run_cache_job
 from taskdata.cache.format import load_manifest
+from taskdata.cache.reader import CacheReader
 from taskdata.cache.tfrecord import iter_records
 from taskdata.define.registry import Registry
+from taskdata.define.task import Task
 from taskdata.example import decode_example
+from tests.cache_tasks import FEATURES, EncodeText
 
 MODULE = "tests.cache_tasks"
 
@@ -202,7 +205,6 @@ def test_unwritable_output_is_a_clear_error(tmp_path):
 def test_duplicate_shuffle_keys_are_an_error(tmp_path):
     from taskdata.beam.pipeline import CacheJobSpec, encode_cache_record, write_output_shard
     from taskdata.beam.spill import SpillWriter
-    from tests.cache_tasks import FEATURES
 
     class FakeTask:
         name = "toy_det"
@@ -218,3 +220,186 @@ def test_duplicate_shuffle_keys_are_an_error(tmp_path):
     segments = [segment.to_tuple() for _, segment in spiller.close()]
     with pytest.raises(RuntimeError, match=r"same shuffle key: toy_det/s0\(#0\)/0 and toy_det/s0\(#0\)/0"):
         write_output_shard(spec, "train", 0, segments)
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL at one exact moment: nothing after it runs."""
+
+
+def _die_before_current_moves(monkeypatch):
+    from taskdata import fs
+
+    write_atomic = fs.write_atomic
+
+    def dying(path, data):
+        if path.endswith("/CURRENT"):
+            raise _Killed(path)
+        write_atomic(path, data)
+
+    monkeypatch.setattr(fs, "write_atomic", dying)
+    return lambda: monkeypatch.setattr(fs, "write_atomic", write_atomic)
+
+
+def _two_text_dirs(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, text in ((a, "one line\nanother line\n"), (b, "other text\nand more of it\nthree\n")):
+        folder.mkdir()
+        (folder / "doc.txt").write_text(text)
+    return a, b
+
+
+def test_a_rerun_that_reuses_a_version_moves_current_to_it_after_a_crash_between_completed_and_current(
+        tmp_path, monkeypatch):
+    a, b = _two_text_dirs(tmp_path)
+    monkeypatch.setenv("TASKDATA_TEST_TEXT_DIR", str(a))
+    old = build(tmp_path / "cache", task="toy_text", num_shards=2)
+    monkeypatch.setenv("TASKDATA_TEST_TEXT_DIR", str(b))
+    revive = _die_before_current_moves(monkeypatch)
+    with pytest.raises(_Killed):
+        build(tmp_path / "cache", task="toy_text", num_shards=2)
+    revive()
+    pointer = tmp_path / "cache" / "toy_text" / "CURRENT"
+    assert pointer.read_text().strip() == Path(old.version_dir).name
+    logs: list[str] = []
+    again = build(tmp_path / "cache", task="toy_text", num_shards=2, logs=logs)
+    assert again.reused and again.version_dir != old.version_dir
+    assert pointer.read_text().strip() == Path(again.version_dir).name
+    assert f"[cache] CURRENT pointed at {old.version_dir}; moved it to {Path(again.version_dir).name}" in logs
+
+
+def test_plan_refuses_a_current_cache_built_from_another_definition_of_the_task(tmp_path, monkeypatch, capsys):
+    from taskdata.cli import main
+    from taskdata.index import BatchSchedule
+    from taskdata.runs import CacheUnavailableError, build_run
+
+    a, b = _two_text_dirs(tmp_path)
+    root = tmp_path / "cache"
+    monkeypatch.setenv("TASKDATA_TEST_TEXT_DIR", str(a))
+    old = build(root, task="toy_text", num_shards=2)
+    monkeypatch.setenv("TASKDATA_TEST_TEXT_DIR", str(b))
+    registry = Registry()
+    registry.load_module(MODULE)
+    now = registry.get_task("toy_text").fingerprint()
+    with pytest.raises(CacheUnavailableError) as info:
+        build_run(registry, str(root), name="r", mixture="toy_text", seed=0, schedule=BatchSchedule(2, 2),
+                  num_data_shards=1)
+    message = str(info.value)
+    assert old.manifest.task_fingerprint in message and now in message
+    assert f"its CURRENT version {old.version_dir} was built from another definition" in message
+    assert "differing: source)" in message
+    assert f"'taskdata cache --task toy_text --output {root}'" in message
+    argv = ["plan", "--module", MODULE, "--name", "r", "--mixture", "toy_text", "--cache-root", str(root),
+            "--seed", "0", "--batch-size", "2", "--num-data-shards", "1"]
+    assert main(argv) == 2
+    assert "taskdata plan: error: Cache of task 'toy_text' is not available: its CURRENT version" in capsys.readouterr().err
+    new = build(root, task="toy_text", num_shards=2)
+    run = build_run(registry, str(root), name="r", mixture="toy_text", seed=0, schedule=BatchSchedule(2, 2),
+                    num_data_shards=1)
+    assert run.plan.caches["toy_text"].fingerprint == CacheReader(new.version_dir).manifest_sha256
+    # Where the sources cannot be listed (a server that only reads caches), the check cannot be made: said.
+    monkeypatch.delenv("TASKDATA_TEST_TEXT_DIR")
+    warnings: list[str] = []
+    build_run(registry, str(root), name="r", mixture="toy_text", seed=0, schedule=BatchSchedule(2, 2),
+              num_data_shards=1, warn=warnings.append)
+    assert warnings == [f"cannot check that the cache of task 'toy_text' ({new.version_dir}) was built from the task "
+                        "as defined here: fingerprinting the definition failed (KeyError: 'TASKDATA_TEST_TEXT_DIR'); "
+                        "it is pinned unchecked"]
+
+
+GAP_ERROR = (
+    "Cache build of task 'toy_gap' failed in the Beam pipeline: Task 'toy_gap', split 'train', source shard 2 "
+    "('2'): preprocessor 1 of 1 (tests.cache_tasks.EncodeText(prefix_chars=8)) failed at its input example 5 "
+    "(6 source records read): KeyError: 'text'\n"
+)
+
+
+def test_a_preprocessor_error_names_task_split_shard_example_preprocessor_and_exception(tmp_path):
+    with pytest.raises(CacheJobError) as info:
+        build(tmp_path, task="toy_gap", num_shards=2)
+    assert str(info.value).startswith(GAP_ERROR), str(info.value)
+    assert not list(tmp_path.rglob("COMPLETED"))
+
+
+@pytest.mark.slow
+def test_a_preprocessor_error_in_a_worker_process_names_the_same_place(tmp_path):
+    with pytest.raises(CacheJobError) as info:
+        build(tmp_path, task="toy_gap", num_shards=2,
+              beam_args=["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    assert str(info.value).startswith(GAP_ERROR), str(info.value)
+
+
+def test_the_same_error_reaches_inspect_without_beam(capsys):
+    from taskdata.cli import main
+
+    assert main(["inspect", "toy_gap", "--module", MODULE, "-n", "1000"]) == 2
+    assert capsys.readouterr().err == "taskdata inspect: error: " + GAP_ERROR.split("failed in the Beam pipeline: ")[1]
+
+
+def _c4_line(i: int) -> str:
+    import json
+
+    return json.dumps({"text": f"document {i} of the corpus", "timestamp": "2019-04-25T00:00:00Z", "url": f"u{i}"})
+
+
+EMPTY_FILES = {
+    "zero-byte .json.gz": ("c4-train.00001-of-00002.json.gz", b"", "the file is 0 bytes: not even a gzip header"),
+    "empty gzip": ("c4-train.00001-of-00002.json.gz", None, "the file is a gzip stream of 20 bytes that holds no data"),
+    "zero-byte .json": ("c4-train.00001-of-00002.json", b"", "the file is 0 bytes"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EMPTY_FILES))
+def test_an_empty_source_file_is_an_error_unless_empty_files_are_expected(tmp_path, monkeypatch, kind):
+    import gzip
+
+    name, data, description = EMPTY_FILES[kind]
+    corpus = tmp_path / "c4"
+    corpus.mkdir()
+    (corpus / "c4-train.00000-of-00002.json").write_text("".join(_c4_line(i) + "\n" for i in range(5)))
+    (corpus / name).write_bytes(gzip.compress(b"", mtime=0) if data is None else data)
+    monkeypatch.setenv("TASKDATA_TEST_C4_DIR", str(corpus))
+    with pytest.raises(CacheJobError) as info:
+        build(tmp_path / "cache", task="toy_c4", num_shards=2)
+    assert (f"Task 'toy_c4', split 'train', source shard 1 ('{corpus / name}'): the source shard holds no records "
+            f"({description}). Remove it if it is a broken export; if empty source files are expected, build the "
+            "source with allow_empty_files=True (allow_empty_shards=True for a FunctionSource) or pass 'taskdata "
+            "cache --allow-empty-source-files'.") in str(info.value)
+    assert not list((tmp_path / "cache").rglob("COMPLETED"))
+    allowed = build(tmp_path / "cache", task="toy_c4", num_shards=2, allow_empty_source_files=True)
+    assert allowed.manifest.split("train").num_records == 5
+    assert allowed.manifest.split("train").counters == {"empty_source_shards": 1}
+
+
+def test_the_cli_flag_and_the_source_option_allow_empty_files(tmp_path, monkeypatch):
+    from taskdata.cli import main
+    from taskdata.sources import C4Source
+
+    corpus = tmp_path / "c4"
+    corpus.mkdir()
+    (corpus / "c4-train.00000-of-00002.json").write_text(_c4_line(0) + "\n")
+    (corpus / "c4-train.00001-of-00002.json").write_bytes(b"")
+    monkeypatch.setenv("TASKDATA_TEST_C4_DIR", str(corpus))
+    argv = ["cache", "--task", "toy_c4", "--module", MODULE, "--output", str(tmp_path / "cache"), "--quiet"]
+    assert main(argv) == 2
+    assert main([*argv, "--allow-empty-source-files"]) == 0
+    records = [example for _, example in Task(
+        "c4_allowing", C4Source(str(corpus), splits=("train",), allow_empty_files=True), [EncodeText()], FEATURES,
+    ).iter_examples("train", seed=0)]
+    assert len(records) == 1
+
+
+def test_a_same_size_edit_of_a_source_file_makes_the_cache_stale_not_reused(tmp_path, monkeypatch):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("the word found\nanother line\n")
+    monkeypatch.setenv("TASKDATA_TEST_TEXT_DIR", str(texts))
+    old = build(tmp_path / "cache", task="toy_text", num_shards=2)
+    (texts / "a.txt").write_text("the word FOUND\nanother line\n")
+    logs: list[str] = []
+    new = build(tmp_path / "cache", task="toy_text", num_shards=2, logs=logs)
+    assert not new.reused and new.version_dir != old.version_dir
+    assert any(line.startswith(f"[cache] stale: {old.version_dir}") for line in logs)
+    from tests.cache_tasks import VOCAB
+
+    texts_in_cache = {VOCAB.decode(decode_example(r)["targets"]) for r in records_of(new.version_dir)}
+    assert texts_in_cache == {"the word FOUND", "another line"}

@@ -9,6 +9,9 @@ version bump, and say why in the commit):
 - ``/shards`` of host 1 of 4 at steps 0-1 (epoch 0), 100-101 (later epochs) and 10**15 (far out),
   in both encodings; version folder names and the cache root are replaced by placeholders, because
   they hold the build time and a temporary path.
+
+History: cache format 2 (offsets sidecars list every record's data CRC) left the shard bytes as they
+were but changed every manifest, so the plan fingerprints in the ``/shards`` bodies changed.
 """
 
 from __future__ import annotations
@@ -39,15 +42,16 @@ SHARD_SHA256 = {
     ],
 }
 
-# The plan fingerprint in these bodies covers the run's split since issue 15 (run format taskdata.run/2);
-# with the earlier fingerprint (3410031f...) in place of c3770dd2... the bodies are byte for byte the old ones.
+# Changed twice by issue 15, each time for a stated reason: the plan fingerprint covers the run's split
+# (run format taskdata.run/2), and every manifest (so every pinned cache fingerprint) changed with cache
+# format taskdata.cache/2 (offsets sidecars hold each record's CRC). The shard bytes did not change.
 SHARDS_BODY_SHA256 = {
-    "0/ints": "240b6c1c8235cf0f82c3b3eb96652e511ea9f1bc0a6ebb9ad2896cc578d7c106",
-    "0/base64": "e235aefd5c8e9e2fac8962e3b891bc2c46d4433ace6f0fcac4ce9f62d7463f54",
-    "100/ints": "4ea0e3de688a61f58b02e1156d5011432707d02cff1b6c96c8c1549ebe71d63d",
-    "100/base64": "6958137942637594769695b84a68cb1f0d0915b02e4f243a76bb09e4b6b21e7f",
-    "1000000000000000/ints": "7c45b4774f6f849226285386ba09cb042ed22b9d6d0f25b5d66044c3d23ded72",
-    "1000000000000000/base64": "9c3c5929d548e98a4159f657b9c9338b35a3fcdcec6d3f2541f8af10e3139883",
+    "0/ints": "f07fe536c78fcad742b0098493dde62231c9f95233ed651d194ff6adcb27412b",
+    "0/base64": "fe67c9476085e9113d734866b99d1849dbfe229afebdd9a4079686b0e9cb6de5",
+    "100/ints": "d0a9a5054e328e19ab1ef62ce0c8c85fadc489f15525e0bcbe9053a7c6d43013",
+    "100/base64": "1e389edb79a479aedc427f2b779821e8c837a8fc1fcdb303b58e47d875d6b268",
+    "1000000000000000/ints": "87fe656c4f75458ad321648f22dc89e3159c51b89ebd4ff9ba712af85e133cca",
+    "1000000000000000/base64": "12d2178017dcc6bff3808101e77ec5c9f16b1e80605e5558fe521d001f543b1d",
 }
 
 

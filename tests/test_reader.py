@@ -134,3 +134,102 @@ def test_out_of_range_reads_say_what_exists(cache):
     count = reader.record_counts("train")[0]
     with pytest.raises(IndexError, match=f"has {count} records; records \\[{count - 1}, {count + 1}\\) are out of range"):
         reader.read("train", 0, count - 1, 2)
+
+
+def _copy(cache, tmp_path) -> Path:
+    import shutil
+
+    copy = tmp_path / "copy" / Path(cache).name
+    shutil.copytree(cache, copy)
+    return copy
+
+
+def test_a_shard_truncated_under_an_open_reader_is_a_corrupt_record_error_not_a_bus_error(cache, tmp_path):
+    from taskdata.cache.verify import verify_version
+
+    copy = _copy(cache, tmp_path)
+    # In a child process: a memory-mapped shard cut short under the reader kills it with SIGBUS.
+    code = (
+        "import os\n"
+        "from taskdata.cache.reader import CacheReader\n"
+        "from taskdata.cache.tfrecord import CorruptRecordError\n"
+        f"reader = CacheReader({str(copy)!r})\n"
+        "n = reader.record_counts('train')[1]\n"
+        "reader.read_records('train', [1] * n, list(range(n)))\n"
+        "offsets = reader.shard_offsets('train', 1)\n"
+        "os.truncate(reader.shard_path('train', 1), int(offsets[2]) + 5)\n"
+        "try:\n"
+        "    reader.read_records('train', [1] * n, list(range(n)))\n"
+        "except CorruptRecordError as e:\n"
+        "    print(f'{e.record_index}|{e.byte_offset}|{e.reason}')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    offsets = CacheReader(str(copy)).shard_offsets("train", 1)
+    reason = (f"the file ends at byte {int(offsets[2]) + 5}, inside this record, which the offset sidecar says "
+              f"ends at byte {int(offsets[3])} (truncated shard)")
+    assert out.stdout.strip() == f"2|{int(offsets[2])}|{reason}"
+    assert verify_version(str(copy)) == [f"shard train.tfrecord-00001-of-00003: record 2 at byte offset "
+                                         f"{int(offsets[2])}: {reason}"]
+
+
+def test_truncation_in_a_scattered_read_is_reported_with_the_files_positions_as_verify_does(cache, tmp_path):
+    from taskdata.cache.verify import verify_version
+
+    copy = _copy(cache, tmp_path)
+    reader = CacheReader(str(copy))
+    offsets = reader.shard_offsets("train", 2)
+    cut = int(offsets[10]) + 7
+    os.truncate(reader.shard_path("train", 2), cut)
+    fresh = CacheReader(str(copy))
+    for read in (lambda: fresh.read_records("train", [2, 2, 2, 2, 2, 0], [5, 3, 9, 10, 11, 1]),
+                 lambda: fresh.read("train", 2, 8, 3)):
+        with pytest.raises(CorruptRecordError) as info:
+            read()
+        problem = (f"shard train.tfrecord-00002-of-00003: record {info.value.record_index} at byte offset "
+                   f"{info.value.byte_offset}: {info.value.reason}")
+        assert [problem] == verify_version(str(copy))
+        assert f"the file ends at byte {cut}, inside this record, which the offset sidecar says ends at byte " \
+               f"{int(offsets[11])}" in problem
+    with pytest.raises(CorruptRecordError) as info:
+        fresh.read_records("train", [2], [12])  # wholly past the cut
+    assert (info.value.record_index, info.value.byte_offset) == (12, int(offsets[12]))
+    assert info.value.reason.startswith(f"the file ends at byte {cut}, before this record")
+
+
+def _equal_length_pair(offsets: np.ndarray) -> tuple[int, int]:
+    sizes = np.diff(offsets)
+    for i in range(len(sizes)):
+        for j in range(i + 2, len(sizes)):
+            if sizes[i] == sizes[j]:
+                return i, j
+    raise AssertionError("no two records of equal length in this shard")
+
+
+def test_two_equal_length_records_swapped_inside_a_shard_are_an_error_naming_the_record(cache, tmp_path):
+    from taskdata.cache.verify import verify_version
+
+    copy = _copy(cache, tmp_path)
+    reader = CacheReader(str(copy))
+    offsets = reader.shard_offsets("train", 0)
+    i, j = _equal_length_pair(offsets)
+    path = Path(reader.shard_path("train", 0))
+    data = bytearray(path.read_bytes())
+    a, b = slice(int(offsets[i]), int(offsets[i + 1])), slice(int(offsets[j]), int(offsets[j + 1]))
+    data[a], data[b] = data[b], data[a]
+    path.write_bytes(bytes(data))
+    for verify_crc in (True, False):
+        fresh = CacheReader(str(copy), verify_crc=verify_crc)
+        assert len(fresh.read("train", 0, 0, i)) == i  # the records before it still read
+        for read in (lambda r=fresh: r.read("train", 0, 0, j + 1),
+                     lambda r=fresh: r.read_records("train", [0, 0], [j, i])):
+            with pytest.raises(CorruptRecordError, match="another record was moved here") as info:
+                read()
+            assert (info.value.record_index, info.value.byte_offset) == (i, int(offsets[i]))
+        with pytest.raises(CorruptRecordError) as info:
+            fresh.read_records("train", [0], [j])
+        assert (info.value.record_index, info.value.byte_offset) == (j, int(offsets[j]))
+    [problem] = verify_version(str(copy))
+    assert problem.startswith(f"shard train.tfrecord-00000-of-00003: record {i} at byte offset {int(offsets[i])}: "
+                              "its data CRC is ")

@@ -104,3 +104,35 @@ def _record_offsets(cache: Path, name: str) -> list[int]:
 
     path = cache / "index" / f"{name}.offsets"
     return [int(x) for x in read_offsets(path.read_bytes(), str(path))[:-1]]
+
+
+def test_verify_on_a_cache_root_checks_every_tasks_current_version_one_line_each(tmp_path, capsys):
+    root = tmp_path / "caches"
+    det = build(root, task="toy_det", num_shards=2).version_dir
+    rand = build(root, task="toy_random", num_shards=2).version_dir
+    (root / "_runs").mkdir()
+    (root / "_runs" / "r.json").write_text("{}")
+    assert main(["verify", str(root)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"OK {det}: 4 shards, every record verified",
+        f"OK {rand}: 4 shards, every record verified",
+        f"2 of 2 tasks under {root} verified",
+    ]
+    shard = Path(rand) / "train.tfrecord-00001-of-00002"
+    data = bytearray(shard.read_bytes())
+    data[30] ^= 1
+    shard.write_bytes(bytes(data))
+    manifest = Path(det) / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"seed": 0', '"seed": 1'))
+    assert main(["verify", str(root)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"FAILED {det}: {det}: manifest.json does not match the hash in COMPLETED; the cache was " \
+                       "modified after it was built. Run 'taskdata verify' and rebuild."
+    assert lines[1].startswith(f"FAILED {rand}: shard train.tfrecord-00001-of-00002: record 0 at byte offset 0: ")
+    assert lines[2:] == [f"0 of 2 tasks under {root} verified"]
+
+
+def test_verify_on_a_folder_without_caches_says_what_it_expected(tmp_path, capsys):
+    assert main(["verify", str(tmp_path)]) == 2
+    assert "is neither a cache version (no manifest.json), a task folder with a CURRENT version, nor a cache root" \
+        in capsys.readouterr().err

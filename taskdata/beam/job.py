@@ -4,6 +4,8 @@ The commit protocol: every file goes into a fresh version folder; the manifest i
 shards verify, ``COMPLETED`` (holding the manifest's hash) after the manifest, and the task's
 ``CURRENT`` pointer after that. A crash at any moment leaves either the previous complete version or
 a folder without ``COMPLETED``, which nothing reads. A complete version is never modified or deleted.
+While a job writes its version it holds a lease on it (``taskdata.cache.lease``); every job first
+removes the incomplete versions whose lease went stale (their jobs died).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 import datetime
 import json
 import math
+import re
 import sys
 import threading
 import time
@@ -21,17 +24,20 @@ from typing import Any
 
 from taskdata import fs
 from taskdata.cache.format import (
+    CURRENT,
     CacheFormatError,
     Manifest,
     ShardEntry,
     SplitManifest,
     completed_bytes,
     completed_path,
+    current_version,
     list_versions,
     load_manifest,
     manifest_bytes,
     task_dir,
 )
+from taskdata.cache.lease import DEFAULT_STALE_AFTER_S, VersionLease, remove_abandoned_versions
 from taskdata.cache.stats import FeatureStats
 from taskdata.config import Config
 
@@ -60,6 +66,10 @@ class CacheOptions:
     beam_args: tuple[str, ...] = ()
     spill_buffer_bytes: int = 64 << 20
     progress: bool = True
+    # Incomplete versions in which nothing was written for this long are removed as abandoned.
+    stale_after_s: float = DEFAULT_STALE_AFTER_S
+    # Source shards with no records are an error (a broken export, usually) unless this says they are expected.
+    allow_empty_source_files: bool = False
     # What the built-in tasks read (and where they build it): the workers register them from this.
     config: Config = dataclasses.field(default_factory=Config)
 
@@ -69,6 +79,9 @@ class CacheOptions:
         check_seed(self.seed)
         if self.num_shards is not None and (not isinstance(self.num_shards, int) or self.num_shards <= 0):
             raise ValueError(f"Number of shards must be a positive integer but got {self.num_shards!r}.")
+        if isinstance(self.stale_after_s, bool) or not isinstance(self.stale_after_s, int | float) \
+                or not self.stale_after_s > 0:
+            raise ValueError(f"stale_after_s must be a positive number of seconds but got {self.stale_after_s!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +102,12 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
         task.source.check_split(split)
     task_fingerprint = task.fingerprint()
     root = task_dir(options.output, task.name)
+    remove_abandoned_versions(root, options.stale_after_s, log)
 
     reusable = None if options.force else _find_reusable(root, task_fingerprint, options, splits, log)
     if reusable is not None:
         manifest = load_manifest(reusable)
+        _point_current_at(root, reusable, log)
         log(f"[cache] reusing complete cache {reusable} (same task fingerprint {task_fingerprint[:12]}, "
             f"seed {options.seed}); pass --force to rebuild")
         return CacheResult(task.name, reusable, True, manifest, time.monotonic() - started)
@@ -110,18 +125,23 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
     fs.makedirs(tmp_dir)
     _check_writable(tmp_dir)
     from taskdata.beam.pipeline import CacheJobSpec
+    from taskdata.sources.digest import digests_remembered_in
 
     spec = CacheJobSpec(
         task=task.name, task_fingerprint=task_fingerprint, modules=tuple(options.modules),
         config=options.config.to_tuple(), seed=options.seed, version_dir=version_dir, tmp_dir=tmp_dir,
         num_shards=tuple(sorted(num_shards.items())), spill_buffer_bytes=options.spill_buffer_bytes,
+        allow_empty_source_files=options.allow_empty_source_files, digest_memo_dir=digests_remembered_in(),
     )
     log(f"[cache] task {task.name} (fingerprint {task_fingerprint[:12]}), seed {options.seed}, "
         + ", ".join(f"{s}: {sum(1 for w in work if w[0] == s)} source shards -> {num_shards[s]} shards"
                     for s in splits))
     log(f"[cache] writing {version_dir}")
-    _run_pipeline(spec, work, options, log)
-    manifest = _finalize(task, spec, splits, num_shards, options, log)
+    # The lease tells later jobs that this version is being written; without it, they remove it once stale.
+    with VersionLease(version_dir, refresh_s=min(30.0, options.stale_after_s / 10)):
+        _run_pipeline(spec, work, options, log)
+        manifest = _finalize(task, spec, splits, num_shards, options, log)
+    _remove_tree(tmp_dir)
     seconds = time.monotonic() - started
     total_bytes = sum(s.bytes for split in manifest.splits.values() for s in split.shards)
     log(f"[cache] done in {seconds:.1f} s: " + ", ".join(
@@ -165,6 +185,24 @@ def _find_reusable(root: str, task_fingerprint: str, options: CacheOptions, spli
     return found
 
 
+def _point_current_at(task_root: str, version_dir: str, log: Callable[[str], None]) -> None:
+    """Moves the task's CURRENT pointer to ``version_dir`` (a complete version) unless it is already there.
+
+    A job that died after a version's COMPLETED and before CURRENT moved leaves CURRENT on an older
+    version; the rerun that reuses the new one must finish that step, or 'taskdata plan' pins the old.
+    """
+    try:
+        current = current_version(task_root)
+    except CacheFormatError as e:
+        log(f"[cache] replacing a damaged CURRENT pointer: {e}")
+        current = None
+    if current is not None and current.rstrip("/") == version_dir.rstrip("/"):
+        return
+    name = version_dir.rstrip("/").rsplit("/", 1)[-1]
+    fs.write_atomic(fs.join(task_root, CURRENT), name.encode() + b"\n")
+    log(f"[cache] CURRENT pointed at {current or 'no version'}; moved it to {name}")
+
+
 def _beam_pipeline(options: CacheOptions) -> Any:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -194,7 +232,8 @@ def _run_pipeline(spec: Any, work: list[tuple[str, int, str]], options: CacheOpt
     except Exception as e:
         raise CacheJobError(f"Cache build of task {spec.task!r} failed in the Beam pipeline: "
                             f"{_root_cause(e)}\nThe partial version {spec.version_dir} is not marked "
-                            "complete and will never be read; it is safe to delete.") from e
+                            "complete and will never be read; a later 'taskdata cache' of this task removes it "
+                            "once nothing has been written to it for --stale-after seconds.") from e
     finally:
         stop.set()
         if reporter.is_alive():
@@ -202,10 +241,36 @@ def _run_pipeline(spec: Any, work: list[tuple[str, int, str]], options: CacheOpt
 
 
 def _root_cause(error: BaseException) -> str:
-    # Beam wraps worker exceptions; the last "...Error: message" line is the one that says what broke.
+    """The line that says what broke, out of what Beam made of a worker's exception.
+
+    In-process runners re-raise the worker's exception (its message suffixed with the step that ran
+    it); remote ones raise a RuntimeError holding the worker's traceback as text. A PreprocessingError
+    (the task, split, shard, stage and example) is searched for first, then any "...Error: message" line.
+    """
+    from taskdata.define.task import PreprocessingError
+
     text = str(error)
+    for cause in _chain(error):
+        if isinstance(cause, PreprocessingError):
+            return _STEP_SUFFIX.sub("", str(cause)).strip()
+    found = [m.group(1) for m in _PREPROCESSING_LINE.finditer(text)]
+    if found:
+        return _STEP_SUFFIX.sub("", found[-1]).strip()
     lines = [line.strip() for line in text.splitlines() if "Error:" in line or "Exception:" in line]
     return lines[-1] if lines else text.strip().splitlines()[-1] if text.strip() else repr(error)
+
+
+_PREPROCESSING_LINE = re.compile(r"PreprocessingError: (.*)")
+_STEP_SUFFIX = re.compile(r" \[while running '[^']*'\]")
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in out:
+        out.append(current)
+        current = current.__cause__ or current.__context__
+    return out
 
 
 def _report_progress(tmp_dir: str, total: int, stop: threading.Event, log: Callable[[str], None]) -> None:
@@ -285,9 +350,8 @@ def _finalize(task: Any, spec: Any, splits: Sequence[str], num_shards: dict[str,
     data = manifest_bytes(manifest)
     fs.write_atomic(fs.join(spec.version_dir, "manifest.json"), data)
     fs.write_atomic(completed_path(spec.version_dir), completed_bytes(data))
-    fs.write_atomic(fs.join(task_dir(options.output, task.name), "CURRENT"),
+    fs.write_atomic(fs.join(task_dir(options.output, task.name), CURRENT),
                     spec.version_dir.rstrip("/").rsplit("/", 1)[-1].encode() + b"\n")
-    _remove_tree(spec.tmp_dir)
     return manifest
 
 

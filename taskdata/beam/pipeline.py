@@ -60,6 +60,8 @@ class CacheJobSpec:
     tmp_dir: str
     num_shards: tuple[tuple[str, int], ...]
     spill_buffer_bytes: int = 64 << 20
+    allow_empty_source_files: bool = False
+    digest_memo_dir: str | None = None  # where the launcher remembers source files' digests
 
     def shards_of(self, split: str) -> int:
         return dict(self.num_shards)[split]
@@ -67,7 +69,11 @@ class CacheJobSpec:
 
 def _load_task(spec: CacheJobSpec) -> Any:
     from taskdata.config import Config
+    from taskdata.sources.digest import remember_digests_in
     from taskdata.tasks import default_registry
+
+    if spec.digest_memo_dir is not None:
+        remember_digests_in(spec.digest_memo_dir)  # the launcher hashed the local source files already
 
     registry = default_registry(Config(*spec.config))
     for module in spec.modules:
@@ -147,7 +153,8 @@ def preprocess_source_shard(spec: CacheJobSpec, split: str, shard_index: int, so
     token_features = [k for k, f in task.output_features.items() if f.dtype != "string"]
     text_features = [k for k in task.output_features if k.endswith("_pretokenized")]
     info: dict[str, Any] | None = None
-    for ordinal, example in enumerate(task.process_shard(ctx, source_shard)):
+    examples = task.process_shard(ctx, source_shard, allow_empty=spec.allow_empty_source_files)
+    for ordinal, example in enumerate(examples):
         record = encode_cache_record(task, example, split, source_shard, shard_index, ordinal, spec.seed)
         spiller.add(shuffle_key(spec.seed, task.name, split, shard_index, ordinal), record)
         stats.add(example, token_features, text_features)
@@ -206,7 +213,7 @@ def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: in
             max_record = max(max_record, len(record))
         offsets = writer.offsets
         size = hashing.written
-    offsets_data = write_offsets(offsets, size)
+    offsets_data = write_offsets(offsets, size, writer.crcs)
     fs.write_atomic(fs.join(spec.version_dir, offsets_name(split, dest, num_shards)), offsets_data)
     if tmp != inner:
         os.replace(tmp, inner)

@@ -5,7 +5,7 @@
     {root}/{task}/CURRENT                         name of the newest complete version (moved last)
     {root}/{task}/{version}/                      one build; seqio can read it as a cached task
         {split}.tfrecord-00000-of-00004           tf.train.Example records in global shuffled order
-        index/{split}.tfrecord-00000-of-00004.offsets   byte offset of every record (O(1) seek)
+        index/{split}.tfrecord-00000-of-00004.offsets   byte offset and data CRC of every record
         info.{split}.json, stats.{split}.json     seqio's feature info and statistics
         manifest.json                             everything below, hashed by COMPLETED
         COMPLETED                                 written last: {"manifest_sha256": ...}
@@ -29,6 +29,7 @@ from taskdata.fingerprint import canonical_json
 from taskdata.names import validate_name
 
 __all__ = [
+    "CURRENT",
     "FORMAT",
     "CacheFormatError",
     "Manifest",
@@ -45,7 +46,8 @@ __all__ = [
     "task_dir",
 ]
 
-FORMAT = "taskdata.cache/1"
+# 2: offsets sidecars hold every record's data CRC, so a reader proves each record is at its index.
+FORMAT = "taskdata.cache/2"
 MANIFEST = "manifest.json"
 COMPLETED = "COMPLETED"
 CURRENT = "CURRENT"
@@ -149,7 +151,9 @@ class Manifest:
     @classmethod
     def from_json(cls, data: Mapping[str, Any], where: str = "manifest") -> Manifest:
         if data.get("format") != FORMAT:
-            raise CacheFormatError(f"{where}: format is {data.get('format')!r}, expected {FORMAT!r}.")
+            raise CacheFormatError(
+                f"{where}: format is {data.get('format')!r}, expected {FORMAT!r}: the version was built by another "
+                f"taskdata. Rebuild it with 'taskdata cache --task {data.get('task')} --force'.")
         try:
             splits = {
                 name: SplitManifest(

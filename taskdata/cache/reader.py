@@ -3,15 +3,17 @@
 ``CacheReader`` opens a version only if it is complete (``COMPLETED`` matches the manifest) and, when
 asked, only if it is exactly the version a run plan names (by the manifest's sha256). Records are read
 with one ranged read per run of consecutive records, located in O(1) by the offsets sidecar; both CRCs
-of every record are checked and lengths beyond the manifest's maximum are rejected. Nothing here
-imports TensorFlow, so a trainer host does not need it.
+of every record are checked, each record's stored data CRC must be the one the sidecar lists for its
+index (so a record moved to another place is caught), and lengths beyond the manifest's maximum are
+rejected. Local shards are read with ``pread``, never memory-mapped: a shard truncated under a running
+reader is a ``CorruptRecordError`` naming the record and byte offsets in the file, not a bus error.
+Nothing here imports TensorFlow, so a trainer host does not need it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -74,7 +76,7 @@ class CacheReader:
 
     def shard_offsets(self, split: str, shard: int) -> np.ndarray:
         """Byte offset of every record of the shard, then the file length (checked against the manifest)."""
-        return self._reader(split, shard)[1]
+        return self._reader(split, shard)[1].offsets
 
     def read(self, split: str, shard: int, first: int, count: int) -> list[bytes]:
         """Records ``[first, first + count)`` of one shard, verified."""
@@ -83,16 +85,19 @@ class CacheReader:
     def read_records(self, split: str, shards: Sequence[int] | np.ndarray, records: Sequence[int] | np.ndarray) -> list[bytes]:
         """The records at (shards[i], records[i]), in that order, verified.
 
-        Per shard, the frames of all requested records are gathered into one buffer (from a memory map
-        for local files, from one ranged read per run of consecutive records otherwise) and checked in
-        one vectorized pass, so scattered reads (later epochs) cost about as much as contiguous ones.
+        Per shard, the frames of all requested records are gathered into one buffer (one ranged read,
+        ``pread`` for local files, per run of consecutive records) and checked in one vectorized pass,
+        so scattered reads (later epochs) cost about as much as contiguous ones.
         """
         shard_array = np.asarray(shards, dtype=np.int64)
         record_array = np.asarray(records, dtype=np.int64)
         if shard_array.shape != record_array.shape or shard_array.ndim != 1:
             raise ValueError("shards and records must be 1-D sequences of the same length.")
+        unique = np.unique(shard_array).tolist()
+        if len(unique) == 1:
+            return self._gather(split, int(unique[0]), record_array)
         out: list[bytes] = [b""] * len(shard_array)
-        for shard in np.unique(shard_array).tolist():
+        for shard in unique:
             slots = np.flatnonzero(shard_array == shard)
             data = self._gather(split, int(shard), record_array[slots])
             for slot, record in zip(slots.tolist(), data, strict=True):
@@ -100,53 +105,52 @@ class CacheReader:
         return out
 
     def _gather(self, split: str, shard: int, records: np.ndarray) -> list[bytes]:
-        from taskdata.cache.tfrecord import CorruptRecordError, check_frames
+        from taskdata.cache.tfrecord import CorruptRecordError, check_frames, truncation_reason
 
-        reader, offsets = self._reader(split, shard)
-        count = len(offsets) - 1
+        reader, index = self._reader(split, shard)
+        offsets = index.offsets
+        count = index.count
         if len(records) and (records.min() < 0 or records.max() >= count):
             bad = int(records[(records < 0) | (records >= count)][0])
             raise IndexError(f"Shard {reader.path} has {count} records; record {bad} is out of range. "
                              "The read plan does not match this cache version.")
-        starts, ends = offsets[records], offsets[records + 1]
-        source = self._source(split, shard)
-        if isinstance(source, mmap.mmap):
-            buffer = b"".join(source[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True))
-        else:
-            buffer = b"".join(self._ranged(source, starts, ends))
+        # Each distinct record once, in file order; a run of consecutive records is one read.
+        wanted, slot_of = np.unique(records, return_inverse=True)
+        starts, ends = offsets[wanted], offsets[wanted + 1]
+        first_of_run = np.flatnonzero(np.diff(wanted, prepend=-2) != 1)
+        last_of_run = np.append(first_of_run[1:], len(wanted)) - 1
+        begins = starts[first_of_run].tolist()
+        sizes = (ends[last_of_run] - starts[first_of_run]).tolist()
+        buffer, file_end = _read_runs(self._source(split, shard), reader.path, begins, sizes)
         frame_offsets = np.concatenate(([0], np.cumsum(ends - starts)))
+        whole = len(wanted) if file_end is None else int(np.searchsorted(frame_offsets[1:], len(buffer), side="right"))
         try:
-            data_starts, data_ends = check_frames(buffer, frame_offsets, path=reader.path, first_index=0,
-                                                  base_offset=0, max_record_bytes=self._entry(split, shard).max_record_bytes,
-                                                  verify_crc=self._verify_crc)
+            data_starts, data_ends = check_frames(
+                buffer, frame_offsets[: whole + 1], path=reader.path, first_index=0, base_offset=0,
+                max_record_bytes=self._entry(split, shard).max_record_bytes, expected_crcs=index.crcs[wanted[:whole]],
+                verify_crc=self._verify_crc)
         except CorruptRecordError as e:
             # Name the record and byte offset in the shard, not in the gathered buffer.
             i = e.record_index
-            raise CorruptRecordError(reader.path, int(records[i]), int(starts[i]), e.reason) from e
-        return [buffer[a:b] for a, b in zip(data_starts.tolist(), data_ends.tolist(), strict=True)]
-
-    @staticmethod
-    def _ranged(f: Any, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
-        from taskdata.cache.tfrecord import read_full
-
-        order = np.argsort(starts, kind="stable")
-        parts: dict[int, bytes] = {}
-        for i in order.tolist():
-            f.seek(int(starts[i]))
-            parts[i] = read_full(f, int(ends[i] - starts[i]))
-        return [parts[i] for i in range(len(starts))]
+            raise CorruptRecordError(reader.path, int(wanted[i]), int(starts[i]), e.reason) from e
+        if file_end is not None:
+            # The records before the cut verified; the first one the file does not hold is named with
+            # the file's positions (what 'taskdata verify' says), not the buffer's.
+            raise CorruptRecordError(reader.path, int(wanted[whole]), int(starts[whole]),
+                                     truncation_reason(file_end, int(starts[whole]), int(ends[whole])))
+        # In the order asked for (a record asked for twice is returned twice).
+        return [bytes(buffer[a:b]) for a, b in zip(data_starts[slot_of].tolist(), data_ends[slot_of].tolist(),
+                                                   strict=True)]
 
     def _source(self, split: str, shard: int) -> Any:
+        """A raw file descriptor (local: read with ``pread``) or a random-access fsspec file (remote)."""
         key = (split, int(shard))
         if key not in self._sources:
             path = self.shard_path(split, shard)
             if fs.is_remote(path):
                 self._sources[key] = fs.open_file(path, "rb", random_access=True)
             else:
-                with open(path, "rb") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    # An empty file cannot be mapped; it has no records to gather either.
-                    self._sources[key] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+                self._sources[key] = os.open(path, os.O_RDONLY)
         return self._sources[key]
 
     def decode(self, records: Sequence[bytes], spec: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -159,7 +163,9 @@ class CacheReader:
         for reader, _ in self._shards.values():
             reader.close()
         for source in self._sources.values():
-            if hasattr(source, "close"):
+            if isinstance(source, int):
+                os.close(source)
+            else:
                 source.close()
         self._shards.clear()
         self._sources.clear()
@@ -176,11 +182,12 @@ class CacheReader:
             raise IndexError(f"Cache of task {self.task!r} split {split!r} has shards [0, {len(shards)}); got {shard!r}.")
         return shards[int(shard)]
 
-    def _reader(self, split: str, shard: int) -> tuple[Any, np.ndarray]:
+    def _reader(self, split: str, shard: int) -> tuple[Any, Any]:
+        """(ShardReader, RecordIndex) of one shard, its sidecar checked against the manifest."""
         key = (split, int(shard))
         if key not in self._shards:
             from taskdata.cache.shard_reader import ShardReader
-            from taskdata.cache.tfrecord import read_offsets
+            from taskdata.cache.tfrecord import read_record_index
 
             entry = self._entry(split, shard)
             offsets_path = fs.join(self.version_dir, entry.offsets_file)
@@ -188,11 +195,41 @@ class CacheReader:
             if hashlib.sha256(data).hexdigest() != entry.offsets_sha256:
                 raise CacheFormatError(f"Offsets sidecar {offsets_path} does not match its checksum in the manifest; "
                                        "run 'taskdata verify' and rebuild the cache.")
-            offsets = read_offsets(data, offsets_path)
-            if len(offsets) - 1 != entry.records or int(offsets[-1]) != entry.bytes:
-                raise CacheFormatError(f"Offsets sidecar {offsets_path} describes {len(offsets) - 1} records and "
-                                       f"{int(offsets[-1])} bytes but the manifest says {entry.records} and {entry.bytes}.")
-            reader = ShardReader(fs.join(self.version_dir, entry.file), offsets, entry.max_record_bytes,
+            index = read_record_index(data, offsets_path)
+            if index.count != entry.records or int(index.offsets[-1]) != entry.bytes:
+                raise CacheFormatError(f"Offsets sidecar {offsets_path} describes {index.count} records and "
+                                       f"{int(index.offsets[-1])} bytes but the manifest says {entry.records} and {entry.bytes}.")
+            reader = ShardReader(fs.join(self.version_dir, entry.file), index, entry.max_record_bytes,
                                  verify_crc=self._verify_crc)
-            self._shards[key] = (reader, offsets)
+            self._shards[key] = (reader, index)
         return self._shards[key]
+
+
+def _read_runs(source: Any, path: str, begins: list[int], sizes: list[int]) -> tuple[memoryview, int | None]:
+    """The byte ranges ``[begins[i], begins[i] + sizes[i])`` one after another in one buffer, and None;
+    or, where the file ends early, the whole ranges before its end and the file's size."""
+    buffer = memoryview(bytearray(sum(sizes)))
+    position = 0
+    for begin, size in zip(begins, sizes, strict=True):
+        target = buffer[position : position + size]
+        # Into a buffer allocated once: one system call per range, no bytes object per range.
+        got = os.preadv(source, [target], begin) if isinstance(source, int) else 0
+        while got < size:
+            more = _read_into(source, target[got:], begin + got)
+            if not more:
+                return buffer[: position + got], os.fstat(source).st_size if isinstance(source, int) else fs.size(path)
+            got += more
+        position += size
+    return buffer, None
+
+
+def _read_into(source: Any, target: memoryview, begin: int) -> int:
+    """Reads up to ``len(target)`` bytes at ``begin`` into ``target``; 0 at the end of the file."""
+    if isinstance(source, int):
+        return os.preadv(source, [target], begin)
+    source.seek(begin)
+    data = source.read(len(target))
+    target[: len(data)] = data
+    return len(data)
+
+

@@ -1,8 +1,11 @@
 """Verified reads of record ranges from one TFRecord shard, one ranged read per range.
 
 The shard's offsets sidecar turns records ``[first, first + count)`` into the byte range
-``[offsets[first], offsets[first + count])``; every frame in it is checked against the sidecar and
-both CRCs of every record are verified. Works on any fsspec path (local or ``gs://``).
+``[offsets[first], offsets[first + count])``; every frame in it is checked against the sidecar (its
+length, and its stored data CRC, which proves the record is the one written at that index) and both
+CRCs of every record are verified. Files are read with plain reads, never memory-mapped, so a shard
+truncated under a reader is an error naming the record, not a bus error. Works on any fsspec path
+(local or ``gs://``).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import IO, Any
 
 import numpy as np
@@ -28,8 +31,8 @@ class ShardReader:
 
     Args:
       path: the shard (local path or fsspec URL).
-      offsets: the shard's offsets as :func:`taskdata.cache.tfrecord.read_offsets` returns them (record
-        starts, then the file length).
+      index: the shard's offsets sidecar as :func:`taskdata.cache.tfrecord.read_record_index` returns it
+        (record starts, then the file length; each record's data CRC).
       max_record_bytes: records longer than this are rejected as corrupt (the manifest's maximum).
       verify_crc: check both CRCs of every record (framing is always checked against the offsets).
     """
@@ -37,7 +40,7 @@ class ShardReader:
     def __init__(
         self,
         path: str,
-        offsets: np.ndarray | Sequence[int],
+        index: tfrecord.RecordIndex,
         max_record_bytes: int,
         *,
         verify_crc: bool = True,
@@ -48,10 +51,11 @@ class ShardReader:
             or max_record_bytes < 0
         ):
             raise ValueError(f"max_record_bytes must be a non-negative integer but got {max_record_bytes!r}.")
-        table = np.asarray(offsets, dtype=np.int64)
-        tfrecord.check_offsets(table, path)
+        if not isinstance(index, tfrecord.RecordIndex):
+            raise TypeError(f"index must be a RecordIndex (read_record_index) but got {type(index).__name__}.")
         self._path = path
-        self._offsets = table
+        self._offsets = index.offsets
+        self._crcs = index.crcs
         self._max_record_bytes = max_record_bytes
         self._verify_crc = verify_crc
         self._file: IO[bytes] | None = None
@@ -100,6 +104,11 @@ class ShardReader:
                 self._file = fs.open_file(self._path, "rb")
             self._file.seek(begin)
             buffer = tfrecord.read_full(self._file, int(frames[-1]) - begin)
+            if not buffer:
+                # Nothing at all from ``begin``: the file ends before this range (name its true end).
+                raise tfrecord.CorruptRecordError(
+                    self._path, first, begin,
+                    tfrecord.truncation_reason(fs.size(self._path), begin, int(frames[1])))
         else:
             buffer = b""
         starts, ends = tfrecord.check_frames(
@@ -109,6 +118,7 @@ class ShardReader:
             first_index=first,
             base_offset=begin,
             max_record_bytes=self._max_record_bytes,
+            expected_crcs=self._crcs[first : first + count],
             verify_crc=self._verify_crc,
         )
         return buffer, starts, ends
@@ -145,7 +155,7 @@ class ShardSummary:
 
 def verify_shard(
     path: str,
-    offsets: np.ndarray | Sequence[int],
+    index: tfrecord.RecordIndex,
     expected_count: int,
     expected_sha256: str | None = None,
     *,
@@ -154,14 +164,14 @@ def verify_shard(
 ) -> ShardSummary:
     """Reads a whole shard sequentially and checks everything about it.
 
-    Every frame must match the sidecar ``offsets``, both CRCs of every record must match, the file
+    Every frame must match the sidecar ``index`` (length and stored data CRC: every record is where
+    the build put it), both CRCs of every record must match, the file
     must end exactly after the last record, the sidecar must list ``expected_count`` records, and,
     if given, the sha256 of the whole file must equal ``expected_sha256`` (the manifest's checksum).
     Reads ``chunk_bytes`` at a time (whole records), so memory stays bounded by that and one record.
     """
-    table = np.asarray(offsets, dtype=np.int64)
-    tfrecord.check_offsets(table, path)
-    count = len(table) - 1
+    table = index.offsets
+    count = index.count
     if count != expected_count:
         raise ValueError(
             f"Shard {path}: its offset sidecar lists {count} records but the manifest expects {expected_count}; "
@@ -184,6 +194,7 @@ def verify_shard(
                 first_index=first,
                 base_offset=begin,
                 max_record_bytes=max_record_bytes,
+                expected_crcs=index.crcs[first:last],
             )
             first = last
         if f.read(1):

@@ -7,16 +7,22 @@ A TFRecord file is a sequence of frames::
 (all little-endian), exactly what ``tf.io.TFRecordWriter`` writes, so TensorFlow and seqio read our
 shards. Nothing here imports TensorFlow: trainer hosts must not need it.
 
-The offsets sidecar records the byte offset of every record, plus the file length as a final entry,
-so a reader can turn "records [i, i+n)" into one ranged read. Its layout (little-endian)::
+The offsets sidecar (a ``RecordIndex``) records the byte offset of every record, plus the file length
+as a final entry, so a reader can turn "records [i, i+n)" into one ranged read; and the masked CRC32C
+of every record's data, so that a reader proves that the record it read at index i is the record the
+build wrote there, not another valid record moved there (two records of equal length swapped, a shard
+file put in another's place): the frame's stored data CRC must equal the sidecar's, a comparison of
+numbers the frame check reads anyway. Its layout (little-endian)::
 
-    b"TDOFFSET" | uint32 version (1) | uint32 crc32c(rest) | uint64 count | uint64 offsets[count + 1]
+    b"TDOFFSET" | uint32 version (2) | uint32 crc32c(rest) | uint64 count | uint64 offsets[count + 1]
+        | uint32 data_crcs[count]
 
 The header is 24 bytes so that the offsets are 8-byte aligned for a zero-copy numpy view.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
@@ -27,6 +33,7 @@ import numpy as np
 __all__ = [
     "FRAME_OVERHEAD",
     "CorruptRecordError",
+    "RecordIndex",
     "TFRecordWriter",
     "check_frames",
     "check_offsets",
@@ -35,6 +42,8 @@ __all__ = [
     "masked_crc32c",
     "read_full",
     "read_offsets",
+    "read_record_index",
+    "truncation_reason",
     "write_offsets",
 ]
 
@@ -44,7 +53,7 @@ _MASK_DELTA = 0xA282EAD8
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 _OFFSETS_MAGIC = b"TDOFFSET"
-_OFFSETS_VERSION = 1
+_OFFSETS_VERSION = 2  # 2: the data CRC of every record follows the offsets
 _OFFSETS_PREFIX = struct.Struct("<8sII")  # magic, version, crc32c of everything after it
 _OFFSETS_HEADER = struct.Struct("<8sIIQ")  # ... then the record count
 _crc32c = google_crc32c.value
@@ -75,6 +84,27 @@ def _mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
+def _crc32c_table() -> np.ndarray:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)  # CRC-32C's reflected polynomial
+        table.append(crc)
+    return np.array(table, dtype=np.uint32)
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def _crc32c_rows(rows: np.ndarray) -> np.ndarray:
+    """The CRC32C of every row of a small uint8 matrix (a byte at a time, all rows at once)."""
+    crc = np.full(len(rows), 0xFFFFFFFF, dtype=np.uint32)
+    for column in range(rows.shape[1]):
+        crc = _CRC32C_TABLE[(crc ^ rows[:, column]) & 0xFF] ^ (crc >> np.uint32(8))
+    return crc ^ np.uint32(0xFFFFFFFF)
+
+
 def _mask_array(crc: np.ndarray) -> np.ndarray:
     crc = crc.astype(np.uint32)
     return ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(_MASK_DELTA)
@@ -87,7 +117,7 @@ def frame_record(data: bytes) -> bytes:
 
 
 class TFRecordWriter:
-    """Writes framed records to a binary file object and remembers where each one starts.
+    """Writes framed records to a binary file object and remembers where each one starts and its CRC.
 
     Offsets count from the writer's first byte, so ``fileobj`` should be empty (a fresh shard).
     """
@@ -95,14 +125,19 @@ class TFRecordWriter:
     def __init__(self, fileobj: IO[bytes]):
         self._file = fileobj
         self._offsets: list[int] = []
+        self._crcs: list[int] = []
         self._position = 0
 
     def write(self, data: bytes) -> int:
         """Writes one record; returns the byte offset at which its frame starts."""
-        frame = frame_record(bytes(data))
+        data = bytes(data)
+        length = _LENGTH.pack(len(data))
+        crc = masked_crc32c(data)
+        frame = b"".join((length, _CRC.pack(masked_crc32c(length)), data, _CRC.pack(crc)))
         offset = self._position
         self._file.write(frame)
         self._offsets.append(offset)
+        self._crcs.append(crc)
         self._position += len(frame)
         return offset
 
@@ -112,13 +147,18 @@ class TFRecordWriter:
         return list(self._offsets)
 
     @property
+    def crcs(self) -> list[int]:
+        """The masked CRC32C of the data of every record written so far (as stored in its frame)."""
+        return list(self._crcs)
+
+    @property
     def position(self) -> int:
         """Bytes written so far (the file length once writing ends)."""
         return self._position
 
     def offsets_sidecar(self) -> bytes:
         """The offsets sidecar for the records written so far."""
-        return write_offsets(self._offsets, self._position)
+        return write_offsets(self._offsets, self._position, self._crcs)
 
 
 def read_full(fileobj: IO[bytes], size: int) -> bytes:
@@ -192,19 +232,25 @@ def check_frames(
     first_index: int,
     base_offset: int,
     max_record_bytes: int | None,
+    expected_crcs: np.ndarray,
     verify_crc: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Verifies the consecutive frames in ``buffer`` against the sidecar's offsets.
+    """Verifies the consecutive frames in ``buffer`` against the sidecar's offsets and CRCs.
 
     ``frame_offsets`` holds, relative to ``buffer``, the start of each frame and then the end of the
-    last one (so ``len(frame_offsets) - 1`` records). ``first_index`` and ``base_offset`` are the
-    shard's index and byte offset of the first frame, used in errors. Every length field must match
-    the sidecar (so framing cannot drift), and with ``verify_crc`` both CRCs of every record must
-    match. Returns (data starts, data ends) relative to ``buffer``, as int64 arrays.
+    last one (so ``len(frame_offsets) - 1`` records); ``expected_crcs`` the sidecar's data CRC of each
+    of those records. ``first_index`` and ``base_offset`` are the shard's index and byte offset of the
+    first frame, used in errors. Every length field must match the sidecar (so framing cannot drift)
+    and every frame's stored data CRC must be the sidecar's (so a record is where the build put it,
+    even when both CRCs of a moved record are intact); with ``verify_crc`` both CRCs of every record
+    must also match its bytes. Returns (data starts, data ends) relative to ``buffer``, as int64 arrays.
     """
     frame_offsets = np.asarray(frame_offsets, dtype=np.int64)
     starts = frame_offsets[:-1]
     count = len(starts)
+    expected_crcs = np.asarray(expected_crcs, dtype=np.uint32)
+    if expected_crcs.shape != (count,):
+        raise ValueError(f"check_frames got {count} frames but {expected_crcs.shape} expected CRCs.")
     if count == 0:
         return starts, starts.copy()
     if len(buffer) < frame_offsets[-1]:
@@ -218,14 +264,15 @@ def check_frames(
             first_index=first_index,
             base_offset=base_offset,
             max_record_bytes=max_record_bytes,
+            expected_crcs=expected_crcs[:i],
             verify_crc=verify_crc,
         )
         raise CorruptRecordError(
             path,
             first_index + i,
             base_offset + int(starts[i]),
-            f"the file ends at byte {base_offset + len(buffer)}, inside this record, which the offset sidecar "
-            f"says ends at byte {base_offset + int(frame_offsets[i + 1])} (truncated shard)",
+            truncation_reason(base_offset + len(buffer), base_offset + int(starts[i]),
+                              base_offset + int(frame_offsets[i + 1])),
         )
     raw = np.frombuffer(buffer, dtype=np.uint8)
     headers = raw[starts[:, None] + np.arange(_HEADER)]
@@ -233,18 +280,18 @@ def check_frames(
     expected = np.diff(frame_offsets) - FRAME_OVERHEAD
     data_starts = starts + _HEADER
     data_ends = data_starts + expected
+    stored = raw[data_ends[:, None] + np.arange(4)].copy().view("<u4").ravel()
     failures: list[tuple[int, str]] = []
 
     if verify_crc:
-        # One pass over the records for both CRCs; the C CRC is fast, the Python loop is the cost.
-        crcs = np.array(
-            [
-                (_crc32c(raw[s : s + 8]), _crc32c(raw[s + _HEADER : e]))
-                for s, e in zip(starts.tolist(), data_ends.tolist(), strict=True)
-            ],
+        # The length fields' CRCs all at once (8 table lookups per record, vectorized); the data CRCs
+        # one C call per record, whose Python loop is the cost.
+        length_crcs = _crc32c_rows(headers[:, :8])
+        data_crcs = np.array(
+            [_crc32c(raw[s:e]) for s, e in zip(data_starts.tolist(), data_ends.tolist(), strict=True)],
             dtype=np.uint32,
         )
-        bad = np.flatnonzero(_mask_array(crcs[:, 0]) != headers[:, 8:12].copy().view("<u4").ravel())
+        bad = np.flatnonzero(_mask_array(length_crcs) != headers[:, 8:12].copy().view("<u4").ravel())
         if len(bad):
             failures.append((int(bad[0]), "the CRC of the length field does not match"))
     bad = np.flatnonzero(lengths != expected.astype(np.uint64))
@@ -264,10 +311,13 @@ def check_frames(
                 (i, f"record length {int(expected[i])} exceeds the maximum of {max_record_bytes} bytes")
             )
     if verify_crc:
-        stored = raw[data_ends[:, None] + np.arange(4)].copy().view("<u4").ravel()
-        bad = np.flatnonzero(_mask_array(crcs[:, 1]) != stored)
+        bad = np.flatnonzero(_mask_array(data_crcs) != stored)
         if len(bad):
             failures.append((int(bad[0]), "the CRC of the record data does not match"))
+    bad = np.flatnonzero(stored != expected_crcs)
+    if len(bad):
+        i = int(bad[0])
+        failures.append((i, misplaced_reason(int(stored[i]), int(expected_crcs[i]))))
     if failures:
         # Report the earliest bad record; for that record, the first check in frame order wins.
         index, reason = min(failures, key=lambda f: f[0])
@@ -275,19 +325,64 @@ def check_frames(
     return data_starts, data_ends
 
 
-def write_offsets(offsets: Sequence[int] | np.ndarray, file_length: int) -> bytes:
-    """Serializes the record offsets of one shard and its total length into the sidecar format."""
+def truncation_reason(file_end: int, start: int, end: int) -> str:
+    """Why a record of the sidecar's frame ``[start, end)`` cannot be read from a file of ``file_end`` bytes."""
+    where = "inside" if file_end > start else "before"
+    return (f"the file ends at byte {file_end}, {where} this record, which the offset sidecar says ends at byte "
+            f"{end} (truncated shard)")
+
+
+def misplaced_reason(stored_crc: int, expected_crc: int) -> str:
+    return (f"its data CRC is {stored_crc:#010x} but the offset sidecar lists {expected_crc:#010x} for this "
+            "position: another record was moved here (records or shards swapped, or the file replaced)")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RecordIndex:
+    """A shard's offsets sidecar, parsed: record starts then the file length, and each record's data CRC.
+
+    ``offsets`` (int64, ``count + 1``) and ``crcs`` (uint32, ``count``: the masked CRC32C of each
+    record's data, as stored in its frame) are read-only arrays.
+    """
+
+    offsets: np.ndarray
+    crcs: np.ndarray
+
+    def __post_init__(self) -> None:
+        offsets = np.asarray(self.offsets, dtype=np.int64)
+        crcs = np.asarray(self.crcs, dtype=np.uint32)
+        check_offsets(offsets, "<record index>")
+        if crcs.shape != (len(offsets) - 1,):
+            raise ValueError(f"A record index of {len(offsets) - 1} records needs as many CRCs but got {crcs.shape}.")
+        for name, array in (("offsets", offsets), ("crcs", crcs)):
+            if array.flags.writeable:
+                array = array.copy()
+                array.flags.writeable = False
+            object.__setattr__(self, name, array)
+
+    @property
+    def count(self) -> int:
+        return len(self.offsets) - 1
+
+
+def write_offsets(offsets: Sequence[int] | np.ndarray, file_length: int, crcs: Sequence[int] | np.ndarray) -> bytes:
+    """Serializes one shard's record offsets, its total length and its records' data CRCs into a sidecar."""
     table = np.append(np.asarray(offsets, dtype=np.int64), np.int64(file_length))
     check_offsets(table, "<offsets being written>")
-    body = struct.pack("<Q", len(table) - 1) + table.astype("<u8").tobytes()
+    crc_table = np.asarray(crcs, dtype=np.int64)
+    if crc_table.shape != (len(table) - 1,) or (len(crc_table) and (crc_table.min() < 0 or crc_table.max() >= 2**32)):
+        raise ValueError(f"A sidecar of {len(table) - 1} records needs as many 32-bit CRCs but got {crc_table!r}.")
+    body = struct.pack("<Q", len(table) - 1) + table.astype("<u8").tobytes() + crc_table.astype("<u4").tobytes()
     return _OFFSETS_PREFIX.pack(_OFFSETS_MAGIC, _OFFSETS_VERSION, _crc32c(body)) + body
 
 
 def read_offsets(data: bytes, path: str) -> np.ndarray:
-    """Parses and validates an offsets sidecar; returns ``count + 1`` int64 offsets (the last: file length).
+    """The ``count + 1`` int64 offsets of a sidecar (the last: file length); see ``read_record_index``."""
+    return read_record_index(data, path).offsets
 
-    ``path`` names the sidecar in errors. The result is read-only.
-    """
+
+def read_record_index(data: bytes, path: str) -> RecordIndex:
+    """Parses and validates an offsets sidecar. ``path`` names the sidecar in errors."""
     fix = "rebuild the cache ('taskdata cache ... --force') to rewrite it"
     if len(data) < _OFFSETS_HEADER.size or data[:8] != _OFFSETS_MAGIC:
         raise ValueError(
@@ -301,18 +396,19 @@ def read_offsets(data: bytes, path: str) -> np.ndarray:
         )
     if _crc32c(data[_OFFSETS_PREFIX.size :]) != crc:
         raise ValueError(f"Offsets sidecar {path} fails its CRC32C check: it is damaged; {fix}.")
-    expected_size = _OFFSETS_HEADER.size + 8 * (count + 1)
+    crcs_start = _OFFSETS_HEADER.size + 8 * (count + 1)
+    expected_size = crcs_start + 4 * count
     if len(data) != expected_size:
         raise ValueError(
             f"Offsets sidecar {path} holds {len(data)} bytes but {count} records need {expected_size}; {fix}."
         )
-    table = np.frombuffer(data, dtype="<u8", offset=_OFFSETS_HEADER.size)
+    table = np.frombuffer(data, dtype="<u8", offset=_OFFSETS_HEADER.size, count=count + 1)
     if table.max(initial=0) >= 2**63:
         raise ValueError(f"Offsets sidecar {path} holds an offset beyond 2**63; {fix}.")
     table = table.astype(np.int64)
     check_offsets(table, path)
     table.flags.writeable = False
-    return table
+    return RecordIndex(table, np.frombuffer(data, dtype="<u4", offset=crcs_start, count=count).astype(np.uint32))
 
 
 def check_offsets(table: np.ndarray, path: str) -> None:

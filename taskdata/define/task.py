@@ -14,13 +14,19 @@ from taskdata.names import validate_name
 from taskdata.preprocessors.base import Example, ShardContext
 from taskdata.sources.base import Source
 
-__all__ = ["OutputFeatureError", "Task"]
+__all__ = ["OutputFeatureError", "PreprocessingError", "Task"]
 
 MetricFn = Callable[..., Mapping[str, Any]]
 
 
 class OutputFeatureError(ValueError):
     """An example that does not match the task's declared output features."""
+
+
+class PreprocessingError(ValueError):
+    """A source shard whose examples could not be made: names the task, split, source shard, the stage
+    (source reader, preprocessor or output check), the example and the original exception (also its
+    ``__cause__``). One line, so that it survives a remote worker's traceback text whole."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -101,14 +107,35 @@ class Task:
             output_features=self.output_features,
         )
 
-    def process_shard(self, ctx: ShardContext, shard: str) -> Iterator[Example]:
-        """Source records of ``shard`` through every preprocessor; the final examples are checked."""
-        stream: Iterator[Example] = _with_source_index(self.source.read_shard(ctx.split, shard))
-        for preprocessor in self.preprocessors:
-            stream = preprocessor(stream, ctx)
-        for example in stream:
-            self.check_example(example)
+    def process_shard(self, ctx: ShardContext, shard: str, *, allow_empty: bool = False) -> Iterator[Example]:
+        """Source records of ``shard`` through every preprocessor; the final examples are checked.
+
+        Any exception on the way is re-raised as a ``PreprocessingError`` saying where it happened. A
+        shard with no source records at all is an error too (an empty or zero-byte file is more often
+        a broken export than an intended one) unless ``allow_empty`` or the source allows empty shards.
+        """
+        where = _Where(self.name, ctx.split, ctx.shard_index, shard)
+        source = _Counted(_with_source_index(self.source.read_shard(ctx.split, shard)))
+        stream: Iterator[Example] = where.guard(source, "reading the source", source, source)
+        for number, preprocessor in enumerate(self.preprocessors, start=1):
+            inputs = _Counted(stream)
+            stage = f"preprocessor {number} of {len(self.preprocessors)} ({_stage_name(preprocessor)})"
+            stream = where.guard(preprocessor(inputs, ctx), stage, inputs, source)
+        for produced, example in enumerate(stream):
+            try:
+                self.check_example(example)
+            except OutputFeatureError as e:
+                raise where.error("checking the output features",
+                                  f"example {produced} of the shard ({source.count} source records read)", e) from e
             yield example
+        if source.count == 0 and not (allow_empty or self.source.allows_empty_shards):
+            raise PreprocessingError(
+                f"{where}: the source shard holds no records ({self.source.describe_shard(shard)}). Remove it if it "
+                "is a broken export; if empty source files are expected, build the source with allow_empty_files="
+                "True (allow_empty_shards=True for a FunctionSource) or pass 'taskdata cache "
+                "--allow-empty-source-files'.")
+        if source.count == 0:
+            ctx.count("empty_source_shards")
 
     def iter_examples(self, split: str, seed: int, sequence_length: Mapping[str, int] | None = None,
                       ) -> Iterator[tuple[ShardContext, Example]]:
@@ -144,6 +171,65 @@ class Task:
                     f"Task {self.name!r}: output feature {key!r} has length {array.shape[0]} but "
                     f"sequence_length[{key!r}] is {limit}. Add a trim step to the preprocessors."
                 )
+
+
+class _Counted:
+    """An iterator that counts what has been taken from it (the ordinal of the example a stage is on)."""
+
+    def __init__(self, items: Iterator[Example]):
+        self._items = iter(items)
+        self.count = 0
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> Example:
+        item = next(self._items)
+        self.count += 1
+        return item
+
+
+@dataclasses.dataclass(frozen=True)
+class _Where:
+    """The task, split and source shard being processed, for errors that say where they happened."""
+
+    task: str
+    split: str
+    shard_index: int
+    shard: str
+
+    def guard(self, stream: Iterator[Example], stage: str, inputs: _Counted, source: _Counted) -> Iterator[Example]:
+        """``stream``, with an exception raised by this stage (not one passed up from an earlier stage,
+        which that stage's guard has already placed) re-raised as a PreprocessingError."""
+        try:
+            yield from stream
+        except PreprocessingError:
+            raise
+        except Exception as e:
+            if inputs is source:
+                position = f"record {source.count} of the shard"
+            else:
+                example = f"its input example {inputs.count - 1}" if inputs.count else "before its first input example"
+                position = f"{example} ({source.count} source records read)"
+            raise self.error(stage, position, e) from e
+
+    def error(self, stage: str, position: str, cause: Exception) -> PreprocessingError:
+        return PreprocessingError(f"{self}: {stage} failed at {position}: {type(cause).__name__}: "
+                                  f"{_one_line(str(cause))}")
+
+    def __str__(self) -> str:
+        return f"Task {self.task!r}, split {self.split!r}, source shard {self.shard_index} ({self.shard!r})"
+
+
+def _stage_name(preprocessor: Any) -> str:
+    """``module.function``, or ``module.repr`` of a preprocessor object (a dataclass shows its parameters)."""
+    name = getattr(preprocessor, "__qualname__", None)
+    text = f"{preprocessor.__module__}.{name}" if name else f"{type(preprocessor).__module__}.{preprocessor!r}"
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _one_line(text: str) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()) or "(no message)"
 
 
 def _with_source_index(records: Iterator[dict[str, Any]]) -> Iterator[Example]:

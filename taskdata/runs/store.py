@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -133,8 +133,13 @@ def build_run(
     num_data_shards: int,
     skip: Sequence[SkipRange] = (),
     split: str = "train",
+    warn: Callable[[str], None] | None = None,
 ) -> StoredRun:
-    """A run over the CURRENT complete cache version of every task of ``mixture`` (a task or mixture)."""
+    """A run over the CURRENT complete cache version of every task of ``mixture`` (a task or mixture).
+
+    A CURRENT version built from another definition of its task than the registry's is refused
+    (``CacheUnavailableError``); ``warn`` hears of a definition that cannot be checked here.
+    """
     from taskdata.define.mixture import Mixture
     from taskdata.index import TaskCache
 
@@ -158,6 +163,7 @@ def build_run(
             raise CacheUnavailableError(
                 task, f"{error}. Build it with 'taskdata cache --task {task} --output {cache_root}'."
             ) from None
+        _check_built_from_current_definition(registry.get_task(task), version_dir, manifest, cache_root, warn)
         if split not in manifest.splits:
             raise RunError(
                 f"Split {split!r} is not in the cache of task {task!r} ({version_dir}); it has "
@@ -179,6 +185,35 @@ def build_run(
     except PlanError as error:
         raise RunError(str(error)) from None
     return StoredRun(plan)
+
+
+def _check_built_from_current_definition(task: Any, version_dir: str, manifest: Any, cache_root: str,
+                                         warn: Callable[[str], None] | None) -> None:
+    """Refuses a CURRENT cache built from another definition of ``task`` (other source files, preprocessors,
+    vocabulary): a run pinned to it would train on data the task no longer describes.
+
+    Where the definition cannot be fingerprinted (its sources are not readable here, as on a server that
+    only reads caches) nothing can be compared: ``warn`` is told so, and the version is pinned unchecked.
+    """
+    try:
+        now = task.component_fingerprints()
+    except Exception as error:  # a user's source may fail in any way when listing its files
+        if warn is not None:
+            warn(f"cannot check that the cache of task {task.name!r} ({version_dir}) was built from the task as "
+                 f"defined here: fingerprinting the definition failed ({type(error).__name__}: {error}); it is "
+                 "pinned unchecked")
+        return
+    if manifest.task_fingerprint == now["task"]:
+        return
+    differ = [part for part in sorted(now) if part != "task" and manifest.fingerprints.get(part) != now[part]]
+    raise CacheUnavailableError(
+        task.name,
+        f"its CURRENT version {version_dir} was built from another definition of the task (task fingerprint "
+        f"{manifest.task_fingerprint}; the task as defined now has {now['task']}; differing: "
+        f"{', '.join(differ) or 'the whole definition'}). Plan with the definition the cache was built from "
+        "(the same --c4-dir, --vocab and --module), or rebuild the cache for this one: "
+        f"'taskdata cache --task {task.name} --output {cache_root}'.",
+    )
 
 
 class RunStore:

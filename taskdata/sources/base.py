@@ -8,7 +8,14 @@ from typing import Any
 
 from taskdata import fs
 
-__all__ = ["Source", "SourceError", "estimated_file_bytes", "files_description", "iter_text_lines"]
+__all__ = [
+    "Source",
+    "SourceError",
+    "describe_file",
+    "estimated_file_bytes",
+    "files_description",
+    "iter_text_lines",
+]
 
 
 class SourceError(ValueError):
@@ -23,6 +30,9 @@ class SourceError(ValueError):
 
 class Source(abc.ABC):
     """A sharded, ordered source of raw examples (dicts of Python values)."""
+
+    # A shard with no records is an error when read through a task unless the source allows it.
+    allows_empty_shards: bool = False
 
     @property
     @abc.abstractmethod
@@ -39,11 +49,15 @@ class Source(abc.ABC):
 
     @abc.abstractmethod
     def fingerprint_description(self) -> Any:
-        """What identifies this source's data (e.g. file names and sizes)."""
+        """What identifies this source's data (e.g. file names, sizes and content digests)."""
 
     def estimated_bytes(self, split: str) -> int | None:
         """Roughly how many bytes of text ``split`` holds, to size output shards; None if unknown."""
         return None
+
+    def describe_shard(self, shard: str) -> str:
+        """A few words about ``shard`` for an error about its contents (file sources give its size)."""
+        return f"shard {shard!r}"
 
     def check_split(self, split: str) -> None:
         if split not in self.splits:
@@ -56,6 +70,16 @@ GZIP_EXPANSION = 2.6
 
 def estimated_file_bytes(paths: list[str]) -> int:
     return int(sum(fs.size(p) * (GZIP_EXPANSION if p.endswith(".gz") else 1) for p in paths))
+
+
+def describe_file(path: str) -> str:
+    """The size of a source file, and what an empty one is, for errors about its contents."""
+    size = fs.size(path)
+    if path.endswith(".gz"):
+        if size == 0:
+            return "the file is 0 bytes: not even a gzip header"
+        return f"the file is a gzip stream of {size} bytes that holds no data"
+    return f"the file is {size} bytes"
 
 
 def iter_text_lines(path: str) -> Iterator[tuple[int, str]]:
@@ -81,8 +105,11 @@ def iter_text_lines(path: str) -> Iterator[tuple[int, str]]:
 
 
 def files_description(files_by_split: Mapping[str, list[str]]) -> dict[str, list[list[Any]]]:
-    """Base names and sizes of every file, per split (paths differ between machines; names do not)."""
+    """Base name, size and content digest of every file, per split (paths differ between machines; names
+    and contents do not). The digest makes an edit that keeps a file's size change the fingerprint."""
+    from taskdata.sources.digest import file_digest
+
     return {
-        split: [[path.rsplit("/", 1)[-1], fs.size(path)] for path in files]
+        split: [[path.rsplit("/", 1)[-1], fs.size(path), file_digest(path)] for path in files]
         for split, files in sorted(files_by_split.items())
     }

@@ -15,6 +15,7 @@ from taskdata import fs
 from taskdata.sources.base import (
     Source,
     SourceError,
+    describe_file,
     estimated_file_bytes,
     files_description,
     iter_text_lines,
@@ -26,7 +27,8 @@ __all__ = ["C4Source"]
 class C4Source(Source):
     """C4 JSON-lines files for the splits ``train`` and ``validation``."""
 
-    def __init__(self, data_dir: str | Callable[[], str], splits: tuple[str, ...] = ("train", "validation")):
+    def __init__(self, data_dir: str | Callable[[], str], splits: tuple[str, ...] = ("train", "validation"), *,
+                 allow_empty_files: bool = False):
         if not callable(data_dir) and (not isinstance(data_dir, str) or not data_dir):
             raise ValueError(
                 f"C4Source needs the folder of C4 JSON-lines files (or a function returning it) but got "
@@ -34,6 +36,7 @@ class C4Source(Source):
             )
         self._data_dir = data_dir
         self._splits = tuple(splits)
+        self.allows_empty_shards = bool(allow_empty_files)
 
     @property
     def data_dir(self) -> str:
@@ -62,6 +65,9 @@ class C4Source(Source):
 
     def estimated_bytes(self, split: str) -> int | None:
         return estimated_file_bytes(self.list_shards(split))
+
+    def describe_shard(self, shard: str) -> str:
+        return describe_file(shard)
 
     def fingerprint_description(self) -> Any:
         return {

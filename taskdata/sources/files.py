@@ -1,7 +1,8 @@
 """File sources: text lines, TFRecord files of ``tf.train.Example``, and Parquet files.
 
 Each takes, per split, a glob pattern or an explicit list of paths (local or ``gs://``). Files are
-read in sorted order; every file is one shard.
+read in sorted order; every file is one shard. A file with no records is an error when a task reads it
+unless the source is built with ``allow_empty_files=True``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from taskdata import fs
 from taskdata.sources.base import (
     Source,
     SourceError,
+    describe_file,
     estimated_file_bytes,
     files_description,
     iter_text_lines,
@@ -23,10 +25,11 @@ __all__ = ["ParquetSource", "TFExampleSource", "TextLineSource"]
 
 
 class _FileSource(Source):
-    def __init__(self, split_to_files: Mapping[str, str | Sequence[str]]):
+    def __init__(self, split_to_files: Mapping[str, str | Sequence[str]], *, allow_empty_files: bool = False):
         if not split_to_files:
             raise ValueError(f"{type(self).__name__} needs at least one split, e.g. {{'train': 'data/*.txt'}}.")
         self._split_to_files = {s: (f if isinstance(f, str) else tuple(f)) for s, f in split_to_files.items()}
+        self.allows_empty_shards = bool(allow_empty_files)
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -47,6 +50,9 @@ class _FileSource(Source):
 
     def estimated_bytes(self, split: str) -> int | None:
         return estimated_file_bytes(self.list_shards(split))
+
+    def describe_shard(self, shard: str) -> str:
+        return describe_file(shard)
 
     def fingerprint_description(self) -> Any:
         return {
@@ -78,8 +84,9 @@ class TFExampleSource(_FileSource):
     ``"bytes"``/``"string"``); a record without one or of another kind is an error naming the record.
     """
 
-    def __init__(self, split_to_files: Mapping[str, str | Sequence[str]], features: Mapping[str, str] | None = None):
-        super().__init__(split_to_files)
+    def __init__(self, split_to_files: Mapping[str, str | Sequence[str]], features: Mapping[str, str] | None = None,
+                 *, allow_empty_files: bool = False):
+        super().__init__(split_to_files, allow_empty_files=allow_empty_files)
         self._features = dict(features or {})
 
     def _extra_description(self) -> dict[str, Any]:
@@ -119,8 +126,8 @@ class ParquetSource(_FileSource):
     """Parquet files (pyarrow); each row becomes a dict. ``columns`` selects columns (all by default)."""
 
     def __init__(self, split_to_files: Mapping[str, str | Sequence[str]], columns: Sequence[str] | None = None,
-                 batch_size: int = 1024):
-        super().__init__(split_to_files)
+                 batch_size: int = 1024, *, allow_empty_files: bool = False):
+        super().__init__(split_to_files, allow_empty_files=allow_empty_files)
         self._columns = tuple(columns) if columns else None
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive but got {batch_size}.")

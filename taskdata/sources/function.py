@@ -14,12 +14,15 @@ __all__ = ["FunctionSource"]
 class FunctionSource(Source):
     """``fn(split, shard) -> iterable of dicts``; ``shards`` declares each split's shard names in order.
 
+    A shard for which ``fn`` yields nothing is an error when a task reads it, unless
+    ``allow_empty_shards``.
+
     The function must be a module-level function (it is fingerprinted by name) and must yield the
     same records in the same order every time it is called with the same arguments.
     """
 
     def __init__(self, fn: Callable[[str, str], Iterable[Mapping[str, Any]]], shards: Mapping[str, Sequence[str]],
-                 version: str = "1"):
+                 version: str = "1", *, allow_empty_shards: bool = False):
         if not shards:
             raise ValueError("FunctionSource needs at least one split in 'shards', e.g. {'train': ['0', '1']}.")
         for split, names in shards.items():
@@ -30,6 +33,7 @@ class FunctionSource(Source):
         self._fn = fn
         self._shards = {s: list(v) for s, v in shards.items()}
         self._version = version
+        self.allows_empty_shards = bool(allow_empty_shards)
 
     @property
     def splits(self) -> tuple[str, ...]:
