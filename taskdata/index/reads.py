@@ -315,8 +315,9 @@ def assemble(
     """A ``StepReads`` of the index math's own making, built without its checks.
 
     The host slices the index math cuts are correct by construction (tests check every kind of plan
-    against the checks and against ``assign``); checking them again costs as much as writing the
-    server's answer (a dozen numpy calls per task). Its arrays must be read-only already.
+    against the checks and against ``assign``); checking them again would cost about twice what writing
+    the server's answer does (~85 us against ~35-50 us for a host of 256 examples: a dozen numpy calls
+    per task). Its arrays must be read-only already.
     """
     built = []
     for cache, files, columns in tasks:
