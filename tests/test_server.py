@@ -262,9 +262,7 @@ def test_decoded_answers_equal_the_reads_the_index_math_computes(client, env, en
                     assert from_json(step) == step_reads(tables, step["step"], index, count)
 
 
-def test_fewer_hosts_than_data_shards_read_the_union_of_consecutive_data_shards_as_one_slice(client, env):
-    plan = env.mix.plan
-    tables = RunTables.of(plan, client.app.state.server.resolver.resolve_run(env.mix))
+def test_fewer_hosts_than_data_shards_read_the_union_of_consecutive_data_shards_as_one_slice(client):
     for num_hosts in (1, 2):
         for host in range(num_hosts):
             answer = shards(client, host=host, step=0, steps=3, num_hosts=num_hosts)
