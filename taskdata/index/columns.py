@@ -23,10 +23,13 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 def base64_int64(values: np.ndarray) -> str:
     """``values`` (integers that fit int64) as base64 (RFC 4648, padded) of their little-endian int64 bytes.
 
-    The server calls this for every column of every answer: a little-endian int64 array goes through
-    without a copy.
+    The server calls this for every column of every answer: a contiguous little-endian int64 array is
+    encoded from its own buffer, without a copy.
     """
-    return binascii.b2a_base64(np.asarray(values, "<i8").tobytes(), newline=False).decode("ascii")
+    array = np.asarray(values)
+    if array.dtype.str != "<i8" or not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array, "<i8")
+    return binascii.b2a_base64(array, newline=False).decode("ascii")
 
 
 def column_array(column: list[int] | str) -> np.ndarray:
