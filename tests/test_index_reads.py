@@ -323,7 +323,7 @@ def test_bad_answers_are_refused_naming_what_disagrees(change, message):
 def test_files_are_named_by_shard_in_full_tables_and_in_decoded_answers():
     files = CacheFiles.of("a", "v1", ("/x/0", "/x/1", "/x/2"))
     assert files.uri(2) == "/x/2" and files.files_json(np.array([0, 2])) == (
-        '{"shard":0,"uri":"/x/0"},{"shard":2,"uri":"/x/2"}'
+        b'{"shard":0,"uri":"/x/0"},{"shard":2,"uri":"/x/2"}'
     )
     listed = CacheFiles("a", "v1", np.array([1, 5], np.int64), ("/x/1", "/x/5"))
     assert listed.uri(5) == "/x/5" and listed.rows(np.array([5, 1])).tolist() == [1, 0]

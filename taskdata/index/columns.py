@@ -13,7 +13,7 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["ColumnEncoding", "base64_int64", "column_array", "column_values"]
+__all__ = ["ColumnEncoding", "base64_int64", "base64_int64_bytes", "column_array", "column_values"]
 
 # How a column of integers is written: a JSON list of integers, or base64 of little-endian int64.
 ColumnEncoding = Literal["ints", "base64"]
@@ -21,7 +21,12 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def base64_int64(values: np.ndarray) -> str:
-    """``values`` (integers that fit int64) as base64 (RFC 4648, padded) of their little-endian int64 bytes.
+    """``values`` (integers that fit int64) as base64 (RFC 4648, padded) of their little-endian int64 bytes."""
+    return base64_int64_bytes(values).decode("ascii")
+
+
+def base64_int64_bytes(values: np.ndarray) -> bytes:
+    """``base64_int64`` as ASCII bytes.
 
     The server calls this for every column of every answer: a contiguous little-endian int64 array is
     encoded from its own buffer, without a copy.
@@ -29,7 +34,7 @@ def base64_int64(values: np.ndarray) -> str:
     array = np.asarray(values)
     if array.dtype.str != "<i8" or not array.flags.c_contiguous:
         array = np.ascontiguousarray(array, "<i8")
-    return binascii.b2a_base64(array, newline=False).decode("ascii")
+    return binascii.b2a_base64(array, newline=False)
 
 
 def column_array(column: list[int] | str) -> np.ndarray:

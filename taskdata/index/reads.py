@@ -112,12 +112,12 @@ class CacheFiles:
         return self.uris[int(self.rows(np.array([shard], np.int64))[0])]
 
     @functools.cached_property
-    def task_json(self) -> str:
-        return _dumps(self.task)
+    def task_json(self) -> bytes:
+        return _dumps(self.task).encode()
 
     @functools.cached_property
-    def version_json(self) -> str:
-        return _dumps(self.version)
+    def version_json(self) -> bytes:
+        return _dumps(self.version).encode()
 
     @functools.cached_property
     def file_rows(self) -> np.ndarray:
@@ -131,14 +131,14 @@ class CacheFiles:
         ]
         return np.array(rows, dtype=bytes)
 
-    def files_json(self, shards: np.ndarray) -> str:
-        """The JSON objects of ``shards``' files, comma-separated (the text inside ``[...]``).
+    def files_json(self, shards: np.ndarray) -> bytes:
+        """The JSON objects of ``shards``' files, comma-separated (the text inside ``[...]``), as ASCII.
 
         ``shards`` must be named by this table, as a ``TaskReads``' files are (the server writes each
         answer's files with this, so they are not checked again here).
         """
         # JSON text here is ASCII (ensure_ascii) and holds no NUL byte: dropping NULs drops the padding.
-        return self.file_rows[self._rows(shards)].tobytes().replace(b"\0", b"")[:-1].decode("ascii")
+        return self.file_rows[self._rows(shards)].tobytes().replace(b"\0", b"")[:-1]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -5,9 +5,9 @@ the shape), and ``from_json`` reads one back into an equal value, in either colu
 columns (reads and order) are JSON arrays (``encoding=ints``) or base64 of little-endian int64
 (``encoding=base64``, what the trainer client asks for: about a quarter of the cost to write).
 
-The text is formatted here rather than by ``json``: every value is an int, a bool or a string encoded
-once per cache version, so plain formatting yields exactly what ``json.dumps`` with compact separators
-would (tests parse and compare every answer), several times faster.
+The text is put together here rather than by ``json``: every value is an int, a bool or a string
+encoded once per cache version, so plain formatting yields exactly what ``json.dumps`` with compact
+separators would (tests parse and compare every answer), several times faster.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from taskdata.index.columns import ColumnEncoding, base64_int64, column_array
+from taskdata.index.columns import ColumnEncoding, base64_int64_bytes, column_array
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
 
 __all__ = ["MAX_LOOKAHEAD", "from_json", "to_json"]
@@ -35,29 +35,49 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
         write = _int_column
     else:
         raise ValueError(f"encoding must be 'ints' or 'base64' but got {encoding!r}.")
-    tasks = []
-    for task in reads.tasks:
-        cache, columns = task.cache, task.columns
-        tasks.append(
-            f'{{"task":{cache.task_json},"version":{cache.version_json},"files":[{cache.files_json(task.files)}],'
-            f'"reads":{{"shard":{write(columns[0])},"first_record":{write(columns[1])},"count":{write(columns[2])},'
-            f'"byte_offset":{write(columns[3])},"byte_length":{write(columns[4])}}}}}'
-        )
     positions = reads.positions
-    return (
-        f'{{"step":{reads.step},"skipped":{"true" if reads.skipped else "false"},'
-        f'"global_batch_size":{reads.global_batch_size},'
-        f'"positions":{{"start":{positions.start},"stop":{positions.stop}}},'
-        f'"tasks":[{",".join(tasks)}],"order":{write(reads.order)}}}'
-    ).encode()
+    # Pieces of bytes joined once: about half the time of formatting str and encoding it.
+    parts = [
+        b'{"step":%d,"skipped":%s,"global_batch_size":%d,"positions":{"start":%d,"stop":%d},"tasks":['
+        % (
+            reads.step,
+            b"true" if reads.skipped else b"false",
+            reads.global_batch_size,
+            positions.start,
+            positions.stop,
+        )
+    ]
+    for i, task in enumerate(reads.tasks):
+        cache, columns = task.cache, task.columns
+        parts += [
+            b',{"task":' if i else b'{"task":',
+            cache.task_json,
+            b',"version":',
+            cache.version_json,
+            b',"files":[',
+            cache.files_json(task.files),
+            b'],"reads":{"shard":',
+            write(columns[0]),
+            b',"first_record":',
+            write(columns[1]),
+            b',"count":',
+            write(columns[2]),
+            b',"byte_offset":',
+            write(columns[3]),
+            b',"byte_length":',
+            write(columns[4]),
+            b"}}",
+        ]
+    parts += [b'],"order":', write(reads.order), b"}"]
+    return b"".join(parts)
 
 
-def _int_column(values: np.ndarray) -> str:
-    return f"[{','.join(map(str, values.tolist()))}]"
+def _int_column(values: np.ndarray) -> bytes:
+    return f"[{','.join(map(str, values.tolist()))}]".encode()
 
 
-def _base64_column(values: np.ndarray) -> str:
-    return f'"{base64_int64(values)}"'
+def _base64_column(values: np.ndarray) -> bytes:
+    return b'"' + base64_int64_bytes(values) + b'"'
 
 
 def from_json(data: bytes | str | Mapping[str, Any]) -> StepReads:
