@@ -327,7 +327,8 @@ def describe(name: str, result: dict, extra: str = "") -> str:
 
 def in_process_breakdown(runs: list[dict], root: Path) -> list[str]:
     """Where a new answer's time goes, measured in-process on the same plans and caches."""
-    from server.assignments import AnswerCache, shards_body, step_columns, step_json
+    from server.assignments import AnswerCache, shards_body, step_json
+    from taskdata.index import step_slices
     from taskdata.runs import CacheResolver, StoredRun
 
     lines = []
@@ -336,27 +337,26 @@ def in_process_breakdown(runs: list[dict], root: Path) -> list[str]:
         num_shards = int(run.name[1:])
         caches = CacheResolver(str(root)).resolve_run(run)
         memory = AnswerCache(0)  # keeps no answers: every answer below is computed
-        for cache in caches:
-            memory.encoded(cache)  # once per process (the server does it while verifying)
-        step_columns(run.plan, caches, 0)  # builds the plan's layout tables, once per process
+        memory.prepare(run, caches)  # once per process (the server does it while verifying)
+        tables = memory.tables(run, caches)
+        step_slices(tables, 0, HOSTS)  # builds the plan's layout tables, once per process
         for first in (10, 12_000, 10**9):
             steps = range(first, first + 25)
             started = time.perf_counter()
             for step in steps:
-                step_columns(run.plan, caches, step)
+                step_slices(tables, step, HOSTS)
             per_step = (time.perf_counter() - started) / len(steps)
             formatting = {}
             for encoding in ("base64", "ints"):
-                for step in steps:  # columns cached, as they are for a step's other hosts
-                    memory.step_columns(run.name, run.plan, caches, step)
+                for step in steps:  # slices cached, as they are for a step's other hosts
+                    memory.step_slices(run.name, tables, step, HOSTS)
                 started = time.perf_counter()
                 for step in steps:
                     for host in range(HOSTS):
-                        shards_body(
-                            run, host, HOSTS, host, [step_json(run, caches, host, step, memory, encoding)]
-                        )
+                        body = step_json(memory, run.name, tables, step, host, HOSTS, encoding)
+                        shards_body(run, host, HOSTS, host, [body])
                 formatting[encoding] = (time.perf_counter() - started) / (len(steps) * HOSTS)
-                memory.clear_step_columns()
+                memory.clear_step_slices()
             lines.append(
                 f"in-process, {num_shards:,} shards, steps from {first:,}: a step's index math and read columns "
                 f"for all {HOSTS} hosts {per_step * 1e3:.2f} ms ({per_step / HOSTS * 1e3:.3f} ms per host); "

@@ -1,6 +1,7 @@
-"""Reading a run's stream from a local cache on one core: examples/s and tokens/s, with and without CRC
-checks, next to the raw byte-read speed of the same files; and the cost of the first batch at step 0
-versus step 10^6 (seek cost).
+"""Reading a run's stream from a local cache on one core through the trainer client's read path
+(``LocalAssignments`` -> ``BatchReader``: read instructions, ranged reads, checks, decode, padding):
+examples/s and tokens/s, with and without CRC checks, next to the raw byte-read speed of the same files;
+and the cost of the first batch at step 0 versus step 10^6 (seek cost).
 
     PYTHONPATH=. python bench/bench_stream.py [--version-dir DIR] [--steps 200] [--batch 256]
 
@@ -19,7 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._report import write_section
 from taskdata.cache.reader import CacheReader
 from taskdata.index import BatchSchedule, RunPlan, TaskCache
-from taskdata.stream import RunReader
+from trainer_client.assignments import HostSlice
+from trainer_client.local_source import LocalAssignments
+from trainer_client.reading import BatchReader
 
 
 def builtin_cache() -> str:
@@ -61,23 +64,35 @@ def main() -> None:
     lines = [f"cache {version_dir} ({sum(probe.record_counts('train')):,} train records, {total / 1e6:.1f} MB), "
              f"host batch {args.batch}, {args.steps} steps, one core (CPU time)",
              f"raw sequential byte read of the shard files: {total / raw_seconds / 1e6:,.0f} MB/s"]
+    # The task's declared lengths, else the longest example the cache holds.
+    lengths = {
+        name: int(probe.manifest.sequence_length.get(name) or probe.max_tokens("train", name))
+        for name in ("inputs", "targets")
+    }
+    whole = HostSlice(0, 1)
+
+    def first_batch(step: int, verify: bool = True) -> tuple[LocalAssignments, BatchReader]:
+        source = LocalAssignments(plan, {task: version_dir})
+        reader = BatchReader(source.run_info(), lengths, verify_crc=verify)
+        reader.read(source.fetch(step, 1, whole)[0])  # opens files and sidecars
+        return source, reader
+
     for verify in (True, False):
-        reader = RunReader(plan, {task: CacheReader(version_dir, verify_crc=verify)})
-        reader.host_batch(0, 0)  # open files and sidecars
+        source, reader = first_batch(0, verify)
         started = cpu()
         examples = tokens = 0
-        for batch in reader.iterate(1, 0, stop_step=1 + args.steps):
-            examples += len(batch.examples)
-            tokens += int(sum((f != 0).sum() for f in batch.features.values()))
+        for step_reads in source.fetch(1, args.steps, whole):
+            batch = reader.read(step_reads)
+            examples += len(batch.positions)
+            tokens += batch.num_tokens
         seconds = cpu() - started
-        lines.append(f"RunReader.host_batch (index math + ranged reads + {'CRC checks + ' if verify else 'no CRC + '}"
-                     f"decode + padding): {examples / seconds:,.0f} examples/s, {tokens / seconds / 1e6:.1f}M tokens/s "
-                     f"(target >= 50,000 examples/s with CRCs)")
+        lines.append(f"LocalAssignments.fetch + BatchReader.read (read instructions + ranged reads + "
+                     f"{'CRC checks + ' if verify else 'no CRC + '}decode + padding): {examples / seconds:,.0f} "
+                     f"examples/s, {tokens / seconds / 1e6:.1f}M tokens/s (target >= 50,000 examples/s with CRCs)")
     for step in (0, 10**6):
         started = time.perf_counter()
-        reader = RunReader(plan, {task: CacheReader(version_dir)})
-        reader.host_batch(step, 0)
-        lines.append(f"time to the first batch from a fresh reader at step {step:,}: "
+        first_batch(step)
+        lines.append(f"time to the first batch from a fresh source and reader at step {step:,}: "
                      f"{(time.perf_counter() - started) * 1e3:.1f} ms")
     print("\n".join(lines))
     write_section("Run stream reader", lines)

@@ -1,8 +1,8 @@
 """Pydantic models of the HTTP API: they document the OpenAPI schema and validate request bodies.
 
-They mirror the frozen dataclasses of ``taskdata`` (``RunPlan``, ``BatchSchedule``, ``ReadRun``) at the
-edge. ``/shards`` answers are built as pre-shaped JSON (see ``server.assignments``) that these models
-describe exactly; the schema test checks real answers against them.
+They mirror the frozen dataclasses of ``taskdata`` (``RunPlan``, ``BatchSchedule``, ``StepReads``) at the
+edge. ``/shards`` steps are written by ``taskdata.index.to_json`` (and read back by ``from_json``); these
+models describe that JSON exactly, and the schema test checks real answers against them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from taskdata.index import MAX_LOOKAHEAD
 from taskdata.index.columns import ColumnEncoding, column_values
+from taskdata.names import NAME_PATTERN
 
 __all__ = [
     "BASE64_PATTERN",
@@ -49,12 +51,11 @@ __all__ = [
 
 # Steps are bounded so that every step number is exact in any JSON reader (IEEE doubles hold 2**53).
 MAX_STEP = 2**53 - 1
-MAX_LOOKAHEAD = 64
 MAX_HOSTS = 65_536
 MAX_BATCH_SIZE = 1 << 30
 MAX_SEED = 2**63 - 1
-# taskdata.names' rule; the server also rejects '..' inside a name (validate_name), with its message.
-NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:]*$"
+# NAME_PATTERN is taskdata.names' rule; the server also rejects '..' inside a name (validate_name), with
+# its message. MAX_LOOKAHEAD (steps per request) is the wire format's, shared with the client.
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
@@ -87,7 +88,11 @@ class ShardsQuery(_Model):
         None,
         ge=1,
         le=MAX_HOSTS,
-        description="Hosts reading the run: a multiple of its num_data_shards (default: num_data_shards).",
+        description="Hosts reading the run (default: num_data_shards), a multiple or a divisor of its "
+        "num_data_shards (D). A multiple H: host h reads data shard h // (H / D), so the H / D consecutive hosts "
+        "of one model replica read the same slice. A divisor H (fewer hosts, e.g. after resuming on a smaller "
+        "slice): host h reads the D / H consecutive data shards from h * D / H on, as one slice (the global "
+        "batch does not depend on how it is cut).",
     )
     encoding: ColumnEncoding = Field(
         "ints",
@@ -168,7 +173,7 @@ class StepReads(_Model):
     )
     global_batch_size: Annotated[int, Field(ge=1)]
     positions: PositionRange = Field(
-        description="Positions of the run's example stream this data shard covers."
+        description="Positions of the run's example stream the host's slice covers."
     )
     tasks: list[TaskReads] = Field(description="One entry per task of the run, in the run's task order.")
     order: list[Count] | Base64Int64 = Field(
@@ -185,7 +190,10 @@ class ShardsResponse(_Model):
     split: str
     host: Count
     num_hosts: Annotated[int, Field(ge=1)]
-    data_shard: Count = Field(description="host // (num_hosts / num_data_shards).")
+    data_shard: Count = Field(
+        description="The first data shard of the host's slice: host // (num_hosts / num_data_shards) when "
+        "num_hosts is a multiple of num_data_shards, host * (num_data_shards / num_hosts) when it divides it."
+    )
     num_data_shards: Annotated[int, Field(ge=1)]
     steps: list[StepReads]
 

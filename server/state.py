@@ -61,8 +61,7 @@ class ServerState:
         try:
             caches = self.resolver.resolve_run(run)
             # A 65,536-shard cache has ~1 s of URIs to encode: done here, not in a request.
-            for cache in caches:
-                self.answers.encoded(cache)
+            self.answers.prepare(run, caches)
             # The resolved caches live as long as the process (hundreds of thousands of objects for
             # 65,536-shard caches): frozen, they are out of the collector's full passes, which would
             # otherwise stop every request for 100+ ms now and then.

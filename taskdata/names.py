@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["InvalidNameError", "validate_name"]
+__all__ = ["NAME_PATTERN", "InvalidNameError", "validate_name"]
 
 # The first character may not be '_' either: names starting with '_' are reserved for the cache root's
-# own folders (e.g. '_runs').
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:]*$")
+# own folders (e.g. '_runs'). The server's HTTP models use the same pattern.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:]*$"
+_NAME_RE = re.compile(NAME_PATTERN)
 _MAX_LEN = 200
 
 

@@ -1,16 +1,18 @@
-"""Read instructions: validation, merging of consecutive slices, local source vs index math vs server."""
+"""Read instructions: the local source vs the index math vs the server, for every slicing of a batch."""
 
 from __future__ import annotations
 
-import dataclasses
+import json
 
 import pytest
 
 from taskdata.cache.format import CacheFormatError
-from taskdata.index import assign
+from taskdata.index import assign, to_json
+from taskdata.index.columns import base64_int64
 from taskdata.runs import RunStore
 from tests.client_helpers import serve, shared_root
-from trainer_client.assignments import AssignmentError, HostSlice, Read, StepReads, TaskReads, merge_slices
+from tests.test_index_reads import examples
+from trainer_client.assignments import AssignmentError, HostSlice
 from trainer_client.local_source import LocalAssignments
 from trainer_client.server_source import ServerAssignments
 
@@ -34,54 +36,29 @@ def test_host_slice_rows_and_validation():
         HostSlice(0, 8).rows(12)
 
 
-def test_step_reads_must_hold_together():
-    read = Read(
-        shard=0,
-        uri="/c/train.tfrecord-00000-of-00001",
-        first_record=0,
-        count=2,
-        byte_offset=0,
-        byte_length=40,
-    )
-    task = TaskReads("a", "v1", (read,))
-    StepReads(0, False, 4, range(0, 2), (task,), (0, 0))
-    with pytest.raises(AssignmentError, match="task 'a' has reads for 2 records but the order takes 1"):
-        StepReads(0, False, 4, range(0, 1), (task,), (0,))
-    with pytest.raises(AssignmentError, match="3 examples in the order but the host covers 2 positions"):
-        StepReads(0, False, 4, range(0, 2), (task,), (0, 0, 0))
-    with pytest.raises(AssignmentError, match="order names task index 1 but the step has 1 tasks"):
-        StepReads(0, False, 4, range(0, 2), (task,), (0, 1))
-    with pytest.raises(AssignmentError, match="Read count must be an integer >= 1 but got 0"):
-        dataclasses.replace(read, count=0)
-
-
 def test_local_instructions_follow_the_index_math_example_by_example(root):
     source = local(root)
     plan = source.run_info().plan
     for step in (0, 7, 40, 1000):
         for d in range(4):
             (reads,) = source.fetch(step, 1, HostSlice(d, 4))
-            examples = assign(plan, step, d).examples
-            # Expand the reads back into (task, shard, record) in batch order.
-            queues = [
-                [(t.task, r.shard, r.first_record + k) for r in t.reads for k in range(r.count)]
-                for t in reads.tasks
-            ]
-            expanded = [queues[i].pop(0) for i in reads.order]
-            assert expanded == [(e.task, e.shard, e.record) for e in examples], f"step {step} data shard {d}"
-            assert reads.positions == assign(plan, step, d).positions
+            expected = assign(plan, step, d)
+            assert examples(reads) == [(e.task, e.shard, e.record) for e in expected.examples], (step, d)
+            assert reads.positions == expected.positions
 
 
-def test_merging_consecutive_slices_equals_the_instructions_of_their_union(root):
+def test_a_coarser_slice_reads_the_union_of_its_data_shards_as_one(root):
     source = local(root)
     for step in (0, 3, 55):
         quarters = [source.fetch(step, 1, HostSlice(d, 4))[0] for d in range(4)]
         halves = [source.fetch(step, 1, HostSlice(h, 2))[0] for h in range(2)]
         (whole,) = source.fetch(step, 1, HostSlice(0, 1))
-        assert merge_slices(quarters[:2]) == halves[0] and merge_slices(quarters[2:]) == halves[1]
-        assert merge_slices(quarters) == whole
-    with pytest.raises(AssignmentError, match="slices must be consecutive parts of one step"):
-        merge_slices([quarters[0], quarters[2]])
+        for h, half in enumerate(halves):
+            assert examples(half) == examples(quarters[2 * h]) + examples(quarters[2 * h + 1])
+            assert half.positions == range(
+                quarters[2 * h].positions.start, quarters[2 * h + 1].positions.stop
+            )
+        assert examples(whole) == [e for q in quarters for e in examples(q)]
 
 
 def test_server_instructions_equal_the_local_ones_for_every_slicing(root):
@@ -93,6 +70,40 @@ def test_server_instructions_equal_the_local_ones_for_every_slicing(root):
         # More than one request's worth of steps (the server answers at most 64 per request).
         assert server.fetch(0, 70, HostSlice(2, 4)) == local(root).fetch(0, 70, HostSlice(2, 4))
         server.close()
+
+
+def test_a_server_answer_that_does_not_hold_together_is_refused(root):
+    import httpx
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/runs/"):
+            body = {"plan": info.plan.to_dict(), "split": info.split, "fingerprint": info.fingerprint}
+            return httpx.Response(200, json=body)
+        step = json.loads(to_json(good, "base64"))
+        step["order"] = base64_int64(good.order[:-1])  # the order misses the slice's last example
+        envelope = {
+            "run": "mix4",
+            "fingerprint": info.fingerprint,
+            "split": info.split,
+            "host": 0,
+            "num_hosts": 4,
+            "data_shard": 0,
+            "num_data_shards": 4,
+            "steps": [step],
+        }
+        return httpx.Response(200, json=envelope)
+
+    info = local(root).run_info()
+    (good,) = local(root).fetch(0, 1, HostSlice(0, 4))
+    server = ServerAssignments("http://test", "mix4")
+    server._http = httpx.Client(base_url="http://test", transport=httpx.MockTransport(answer))
+    with pytest.raises(
+        AssignmentError,
+        match=r"with read instructions this client refuses: Step 0: 3 examples in the order but the host covers 4 "
+        r"positions\. .* do not train on them",
+    ):
+        server.fetch(0, 1, HostSlice(0, 4))
+    server.close()
 
 
 def test_server_refuses_more_host_slices_than_data_shards(root):
@@ -117,7 +128,7 @@ def test_different_seed_gives_different_instructions(root):
     same = local(root, "mix4").fetch(200, 1, HostSlice(0, 4))
     other = local(root, "other_seed").fetch(200, 1, HostSlice(0, 4))
     assert local(root, "mix4").fetch(200, 1, HostSlice(0, 4)) == same
-    assert [t.reads for t in other[0].tasks] != [t.reads for t in same[0].tasks]
+    assert other[0].tasks != same[0].tasks
 
 
 def test_a_cache_root_without_the_pinned_version_is_an_error_naming_it(root, tmp_path):

@@ -1,4 +1,5 @@
-"""BatchReader: the host batch equals taskdata.stream's, and every disagreement with the cache is an error."""
+"""BatchReader: the host batch equals one read example by example, and every disagreement with the cache
+is an error."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 from taskdata.cache.format import CacheFormatError
 from taskdata.cache.reader import CacheReader
 from taskdata.cache.tfrecord import CorruptRecordError
+from taskdata.example import pad_features
+from taskdata.index import CacheFiles, TaskReads, assign
 from taskdata.runs import CacheResolver, RunStore
-from taskdata.stream import RunReader
 from tests.client_helpers import LENGTHS, shared_root
 from trainer_client.assignments import AssignmentError, HostSlice
 from trainer_client.local_source import LocalAssignments
@@ -29,19 +31,35 @@ def source_and_reader(root, run="mix4"):
     return source, BatchReader(source.run_info(), LENGTHS)
 
 
-def test_host_batches_equal_the_run_stream_readers(root):
+def reference_features(readers, plan, step, index, count):
+    """The host batch read one example at a time from ``assign``'s examples (no read instructions)."""
+    examples = assign(plan, step, index, count).examples
+    records = [readers[e.task].read_records("train", [e.shard], [e.record])[0] for e in examples]
+    decoded = readers[plan.task_names[0]].decode(records, {name: "int32" for name in LENGTHS})
+    return pad_features(decoded, LENGTHS)
+
+
+def test_host_batches_equal_the_examples_read_one_by_one(root):
     source, reader = source_and_reader(root)
     plan = source.run_info().plan
     caches = CacheResolver(root).resolve_run(RunStore(root).get("mix4"))
-    stream = RunReader(plan, {c.task: CacheReader(c.version_dir) for c in caches}, lengths=LENGTHS)
+    readers = {c.task: CacheReader(c.version_dir) for c in caches}
     for step in (0, 1, 29, 30, 333, 10**6):
-        for d in range(4):
-            batch = reader.read(source.fetch(step, 1, HostSlice(d, 4))[0])
-            expected = stream.host_batch(step, d)
-            assert batch.positions == expected.positions and not batch.skipped
+        for index, count in [(d, 4) for d in range(4)] + [(1, 2), (0, 1)]:
+            batch = reader.read(source.fetch(step, 1, HostSlice(index, count))[0])
+            expected = reference_features(readers, plan, step, index, count)
+            assert batch.positions == assign(plan, step, index, count).positions and not batch.skipped
             for name in LENGTHS:
                 assert batch.features[name].dtype == np.int32
-                assert np.array_equal(batch.features[name], expected.features[name]), (step, d, name)
+                assert np.array_equal(batch.features[name], expected[name]), (step, index, count, name)
+
+
+def with_task(step_reads, t, *, columns=None, uris=None):
+    """``step_reads`` with task ``t``'s read columns or file URIs replaced."""
+    task = step_reads.tasks[t]
+    cache = task.cache if uris is None else CacheFiles(task.task, task.version, task.files, uris)
+    changed = TaskReads(cache, task.files, task.columns if columns is None else columns)
+    return dataclasses.replace(step_reads, tasks=(*step_reads.tasks[:t], changed, *step_reads.tasks[t + 1 :]))
 
 
 def test_padding_is_zero_and_token_count_excludes_it(root):
@@ -67,29 +85,29 @@ def test_an_example_longer_than_its_length_is_an_error_naming_the_fix(root):
 def test_byte_ranges_that_disagree_with_the_offsets_sidecar_are_refused(root):
     source, reader = source_and_reader(root)
     step = source.fetch(0, 1, HostSlice(0, 4))[0]
-    task = step.tasks[1]
-    moved = dataclasses.replace(task.reads[0], byte_offset=task.reads[0].byte_offset + 1)
-    bad = dataclasses.replace(
-        step, tasks=(step.tasks[0], dataclasses.replace(task, reads=(moved, *task.reads[1:])))
-    )
+    moved = step.tasks[1].columns.copy()
+    moved[3, 0] += 1  # byte_offset of the first read
     with pytest.raises(
         AssignmentError, match=r"verified offsets give \d+\+\d+\. The instructions were made for other"
     ):
-        reader.read(bad)
+        reader.read(with_task(step, 1, columns=moved))
+    beyond = step.tasks[1].columns.copy()
+    beyond[1, 0] += 1000  # first_record: records past the shard's end
+    with pytest.raises(
+        AssignmentError, match=r"Step 0: Records \d+\.\.\d+ of shard 0 of task 'toy_random' are outside"
+    ):
+        reader.read(with_task(step, 1, columns=beyond))
 
 
 def test_a_uri_that_is_not_the_named_shard_is_refused(root):
     source, reader = source_and_reader(root)
     step = source.fetch(0, 1, HostSlice(0, 4))[0]
     task = step.tasks[1]
-    wrong = dataclasses.replace(task.reads[0], shard=task.reads[0].shard + 1)
-    bad = dataclasses.replace(
-        step, tasks=(step.tasks[0], dataclasses.replace(task, reads=(wrong, *task.reads[1:])))
-    )
+    assert task.files.tolist() == [0]
     with pytest.raises(
-        AssignmentError, match="as shard 1 of task 'toy_random', but that version folder holds"
+        AssignmentError, match="as shard 0 of task 'toy_random', but that version folder holds"
     ):
-        reader.read(bad)
+        reader.read(with_task(step, 1, uris=(task.cache.uri(1),)))  # shard 1's file named as shard 0
 
 
 def test_a_cache_with_other_bytes_than_the_plan_pins_is_refused(tmp_path, root):
@@ -100,12 +118,9 @@ def test_a_cache_with_other_bytes_than_the_plan_pins_is_refused(tmp_path, root):
     task = step.tasks[0]
     # The same task rebuilt with another seed: the same folder layout, other bytes.
     reseeded = build(str(tmp_path), task="toy_det", num_shards=3, seed=1).version_dir
-    moved = dataclasses.replace(task.reads[0], uri=reseeded + "/" + task.reads[0].uri.rsplit("/", 1)[1])
-    bad = dataclasses.replace(
-        step, tasks=(dataclasses.replace(task, reads=(moved, *task.reads[1:])), step.tasks[1])
-    )
+    moved = tuple(reseeded + "/" + uri.rsplit("/", 1)[1] for uri in task.file_uris)
     with pytest.raises(CacheFormatError, match="but the run plan names version"):
-        reader.read(bad)
+        reader.read(with_task(step, 0, uris=moved))
 
 
 def test_a_flipped_byte_is_an_error_naming_shard_record_and_offset(tmp_path, root):
@@ -113,9 +128,9 @@ def test_a_flipped_byte_is_an_error_naming_shard_record_and_offset(tmp_path, roo
     shutil.copytree(root, copy)
     source, reader = source_and_reader(str(copy))
     step = source.fetch(0, 1, HostSlice(0, 1))[0]
-    read = step.tasks[0].reads[0]
-    with open(read.uri, "r+b") as f:
-        f.seek(read.byte_offset + read.byte_length - 6)  # inside the last record's payload
+    task = step.tasks[0]
+    with open(task.cache.uri(int(task.shard[0])), "r+b") as f:
+        f.seek(int(task.byte_offset[0] + task.byte_length[0]) - 6)  # inside the read's last record's payload
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0x40]))

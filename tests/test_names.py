@@ -1,6 +1,8 @@
+import re
+
 import pytest
 
-from taskdata.names import InvalidNameError, validate_name
+from taskdata.names import NAME_PATTERN, InvalidNameError, validate_name
 
 
 @pytest.mark.parametrize("name", ["c4_span_corruption", "glue:cola.v2", "a", "T5.1.1:x", "0abc"])
@@ -29,3 +31,16 @@ def test_message_names_the_rule_and_an_example():
         "Invalid run name 'a/b': use only letters, digits, '_', '.' and ':', start with a letter or digit and "
         "do not use '..' (for example 'c4_span_corruption' or 'glue:cola.v2')."
     )
+
+
+@pytest.mark.parametrize(
+    "name", ["c4_span_corruption", "glue:cola.v2", "0abc", "_runs", ".hidden", "a/b", "x y", "é", "a_", "a..b"]
+)
+def test_the_http_name_pattern_is_the_same_rule(name):
+    # The server's models validate names with NAME_PATTERN; validate_name adds only the '..' rule.
+    try:
+        validate_name(name)
+        valid = True
+    except InvalidNameError:
+        valid = False
+    assert valid == (re.match(NAME_PATTERN, name) is not None and ".." not in name)

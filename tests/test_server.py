@@ -23,14 +23,24 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-from server import assignments
 from server.assignments import AnswerCache, step_json
 from server.main import create_app
 from server.metrics import BUCKETS
 from server.models import MAX_STEP, ReadColumns, ShardsResponse, TaskReads
 from server.settings import Settings, get_settings
 from taskdata.cache.tfrecord import iter_records
-from taskdata.index import BatchSchedule, RunPlan, SkipRange, assign, global_batch, slice_positions
+from taskdata.index import (
+    BatchSchedule,
+    RunPlan,
+    RunTables,
+    SkipRange,
+    assign,
+    from_json,
+    global_batch,
+    host_reads,
+    slice_positions,
+    step_reads,
+)
 from taskdata.index.columns import column_values
 from taskdata.runs import build_run
 from tests.helpers import metric_samples
@@ -177,19 +187,21 @@ def test_base64_answers_hold_the_same_integers_as_int_answers(client, params):
 def test_the_scalar_chain_past_int64_writes_the_same_answers_as_the_arrays(client, monkeypatch):
     # Positions past 2**63 take the exact scalar chain; here it is forced on ordinary steps to compare.
     state = client.app.state.server
-    cases = [("mix", d, s) for d in range(4) for s in (0, 1, 9, 10**6)] + [
-        ("solo", d, s) for d in (0, 1) for s in range(7)
+    cases = [("mix", d, 4, s) for d in range(4) for s in (0, 1, 9, 10**6)] + [
+        ("solo", d, 2, s) for d in (0, 1) for s in range(7)
     ]
+    cases += [("mix", h, 2, s) for h in range(2) for s in (0, 10**6)] + [("mix", 0, 1, 5)]
     answers = {}
     for fits in (True, False):
         if not fits:
-            monkeypatch.setattr(assignments, "fits_int64", lambda plan, positions: False)
-        for name, data_shard, step in cases:
+            monkeypatch.setattr(host_reads, "fits_int64", lambda plan, positions: False)
+        for name, index, count, step in cases:
             run, _ = state.find_run(name)
             caches = state.resolver.cached(run) or state.resolver.resolve_run(run)
+            tables = RunTables.of(run.plan, caches)
             for encoding in ("ints", "base64"):
-                body = step_json(run, caches, data_shard, step, AnswerCache(0), encoding)
-                answers.setdefault((name, data_shard, step, encoding), []).append(body)
+                body = step_json(AnswerCache(0), name, tables, step, index, count, encoding)
+                answers.setdefault((name, index, count, step, encoding), []).append(body)
     assert all(first == second for first, second in answers.values())
     assert len({bodies[0] for bodies in answers.values()}) == len(answers)  # distinct cases, distinct answers
 
@@ -242,6 +254,43 @@ def test_hosts_share_data_shards_and_the_global_batch_does_not_depend_on_the_hos
     assert (answer["data_shard"], answer["num_hosts"], answer["num_data_shards"]) == (2, 8, 4)
 
 
+@pytest.mark.parametrize("encoding", ["ints", "base64"])
+def test_decoded_answers_equal_the_reads_the_index_math_computes(client, env, encoding):
+    tables = RunTables.of(env.mix.plan, client.app.state.server.resolver.resolve_run(env.mix))
+    for num_hosts in (1, 2, 4, 8):
+        for host in range(num_hosts):
+            index, count = (host // 2, 4) if num_hosts == 8 else (host, num_hosts)
+            params = {"host": host, "num_hosts": num_hosts, "encoding": encoding}
+            for first in (0, 29, 10**9):
+                answer = shards(client, step=first, steps=3, **params)
+                for step in answer["steps"]:
+                    assert from_json(step) == step_reads(tables, step["step"], index, count)
+
+
+def test_fewer_hosts_than_data_shards_read_the_union_of_consecutive_data_shards_as_one_slice(client):
+    for num_hosts in (1, 2):
+        for host in range(num_hosts):
+            answer = shards(client, host=host, step=0, steps=3, num_hosts=num_hosts)
+            ShardsResponse.model_validate(answer)
+            assert (answer["host"], answer["num_hosts"], answer["num_data_shards"]) == (host, num_hosts, 4)
+            assert answer["data_shard"] == host * (4 // num_hosts)  # the first data shard of the slice
+            per_host = 4 // num_hosts
+            for step in answer["steps"]:
+                s = step["step"]
+                union = [
+                    example
+                    for d in range(host * per_host, (host + 1) * per_host)
+                    for example in examples_of(shards(client, host=d, step=s)["steps"][0])
+                ]
+                assert examples_of(step) == union
+    # The slice is computed as one: a task's records that continue across a seam make one read.
+    whole = shards(client, host=0, step=0, num_hosts=1)["steps"][0]
+    quarters = [shards(client, host=d, step=0)["steps"][0] for d in range(4)]
+    assert sum(len(t["reads"]["shard"]) for t in whole["tasks"]) < sum(
+        len(t["reads"]["shard"]) for q in quarters for t in q["tasks"]
+    )
+
+
 def test_a_lookahead_window_is_the_single_steps_side_by_side(client):
     window = shards(client, host=2, step=10, steps=5)["steps"]
     assert window == [shards(client, host=2, step=s)["steps"][0] for s in range(10, 15)]
@@ -283,7 +332,17 @@ def test_without_a_default_run_the_run_parameter_is_required(env):
         ({"step": 0}, 422, "host"),
         ({"host": 4, "step": 0}, 400, "Host 4 is outside [0, 4)"),
         ({"host": 8, "step": 0, "num_hosts": 8}, 400, "Host 8 is outside [0, 8)"),
-        ({"host": 0, "step": 0, "num_hosts": 6}, 400, "must be a multiple of the number of data shards (4)"),
+        (
+            {"host": 0, "step": 0, "num_hosts": 6},
+            400,
+            "must be a multiple or a divisor of the number of data shards (4)",
+        ),
+        (
+            {"host": 0, "step": 0, "num_hosts": 3},
+            400,
+            "must be a multiple or a divisor of the number of data shards (4)",
+        ),
+        ({"host": 2, "step": 0, "num_hosts": 2}, 400, "Host 2 is outside [0, 2)"),
         ({"host": 0, "step": 0, "num_hosts": 0}, 422, "num_hosts"),
         ({"host": 0, "step": 0, "num_hosts": 65_537}, 422, "num_hosts"),
         ({"host": 0, "step": -1}, 422, "step"),
@@ -296,6 +355,7 @@ def test_without_a_default_run_the_run_parameter_is_required(env):
         ({"host": 0, "step": 0, "run": "../x"}, 422, "run"),
         ({"host": 0, "step": 0, "run": "a/b"}, 422, "run"),
         ({"host": 0, "step": 0, "run": "a..b"}, 400, "do not use '..'"),
+        ({"host": 0, "step": 0, "run": "_runs"}, 422, "run"),  # '_' names are the cache root's own folders
         ({"host": 0, "step": 0, "run": "x" * 201}, 422, "run"),
         ({"host": 0, "step": 0, "setps": 2}, 422, "setps"),  # a typo is an error, not a default
         ({"host": 0, "step": 0, "encoding": "hex"}, 422, "encoding"),

@@ -1,9 +1,9 @@
 """``LocalAssignments``: read instructions from a local ``RunPlan`` and its cache versions, no HTTP.
 
-It calls the same index math as the server (``taskdata.index.assign`` and ``read_runs``) and shapes
-the answer the way ``/shards`` does (per task, runs of consecutive records; ``order`` interleaves
-them), with byte ranges from each shard's verified offsets sidecar. For tests, single-machine runs,
-and hosts that prefer not to depend on a service.
+It computes the same value as the server (``taskdata.index.step_reads``: the server cuts its answers
+from ``step_slices``, which gives equal values), with byte ranges from each shard's verified offsets
+sidecar, loaded for the shards a step reads only. For tests, single-machine runs, and hosts that
+prefer not to depend on a service.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError, find_version, list_versions, task_dir
 from taskdata.cache.reader import CacheReader
-from taskdata.index import RunPlan, assign, read_runs
+from taskdata.index import RunPlan, RunTables, StepReads, step_reads
 from taskdata.runs import StoredRun
-from trainer_client.assignments import HostSlice, Read, RunInfo, StepReads, TaskReads
+from trainer_client.assignments import HostSlice, RunInfo
+from trainer_client.shard_table import CacheReaderTable
 
 __all__ = ["LocalAssignments"]
 
@@ -33,12 +34,11 @@ class LocalAssignments:
             )
         self._info = RunInfo(plan, plan.split)
         # expected_manifest_sha256 refuses a folder holding other bytes than the plan pinned.
-        self._readers = {
-            task: CacheReader(
-                _absolute(version_dirs[task]), expected_manifest_sha256=plan.caches[task].fingerprint
-            )
+        self._readers = [
+            CacheReader(_absolute(version_dirs[task]), expected_manifest_sha256=plan.caches[task].fingerprint)
             for task in plan.task_names
-        }
+        ]
+        self._tables = RunTables.of(plan, [CacheReaderTable(reader, split) for reader in self._readers])
 
     @classmethod
     def from_cache_root(cls, run: StoredRun, cache_root: str) -> LocalAssignments:
@@ -56,42 +56,13 @@ class LocalAssignments:
         return self._info
 
     def fetch(self, first_step: int, num_steps: int, host_slice: HostSlice) -> list[StepReads]:
-        return [self._step(step, host_slice) for step in range(first_step, first_step + num_steps)]
-
-    def _step(self, step: int, host_slice: HostSlice) -> StepReads:
-        plan, split = self._info.plan, self._info.split
-        assignment = assign(plan, step, host_slice.index, host_slice.count)
-        names = plan.task_names
-        tasks = []
-        for name in names:
-            reader = self._readers[name]
-            reads = []
-            for run in read_runs(tuple(e for e in assignment.examples if e.task == name)):
-                offsets = reader.shard_offsets(split, run.shard)
-                start = int(offsets[run.first_record])
-                reads.append(
-                    Read(
-                        shard=run.shard,
-                        uri=reader.shard_path(split, run.shard),
-                        first_record=run.first_record,
-                        count=run.count,
-                        byte_offset=start,
-                        byte_length=int(offsets[run.first_record + run.count]) - start,
-                    )
-                )
-            tasks.append(TaskReads(name, reader.version_dir.rsplit("/", 1)[-1], tuple(reads)))
-        index = {name: i for i, name in enumerate(names)}
-        return StepReads(
-            step=step,
-            skipped=assignment.skipped,
-            global_batch_size=plan.schedule.batch_size(step),
-            positions=assignment.positions,
-            tasks=tuple(tasks),
-            order=tuple(index[e.task] for e in assignment.examples),
-        )
+        return [
+            step_reads(self._tables, step, host_slice.index, host_slice.count)
+            for step in range(first_step, first_step + num_steps)
+        ]
 
     def close(self) -> None:
-        for reader in self._readers.values():
+        for reader in self._readers:
             reader.close()
 
 

@@ -1,9 +1,10 @@
-"""Step instructions -> this host's numpy batch: verified reads, the server's interleave order, padding.
+"""Step instructions -> this host's numpy batch: verified reads, the interleave order, padding.
 
 Shard URIs name files inside a cache version folder; a ``CacheReader`` is opened per folder on first
 use, and only if that folder holds the exact bytes the run's plan pins (its manifest sha256). Every
-read is checked three ways: the URI is that reader's own path for the shard, the byte range is the one
-its verified offsets sidecar gives, and each record's CRCs match (``CacheReader.read_records``).
+read is checked three ways: each file's URI is that reader's own path for the shard, the byte ranges
+are the ones its verified offsets sidecars give, and each record's CRCs match
+(``CacheReader.read_records``).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from taskdata.cache.reader import CacheReader
-from taskdata.stream import pad_features
-from trainer_client.assignments import AssignmentError, RunInfo, StepReads
+from taskdata.example import pad_features
+from taskdata.index import StepReads, TaskReads
+from trainer_client.assignments import AssignmentError, RunInfo
+from trainer_client.shard_table import CacheReaderTable
 
 __all__ = ["BatchReader", "ClientBatch"]
 
@@ -52,38 +55,14 @@ class BatchReader:
         self.lengths = dict(lengths)
         self._spec = {name: "int32" for name in self.lengths}
         self._verify_crc = verify_crc
-        self._readers: dict[str, CacheReader] = {}
+        self._readers: dict[str, tuple[CacheReader, CacheReaderTable]] = {}
 
     def read(self, step_reads: StepReads) -> ClientBatch:
         if step_reads.skipped:
             return ClientBatch(step_reads.step, True, step_reads.global_batch_size, step_reads.positions, {})
-        per_task: list[list[bytes]] = []
-        for task_index, task in enumerate(step_reads.tasks):
-            shards: list[np.ndarray] = []
-            records: list[np.ndarray] = []
-            reader = None
-            for read in task.reads:
-                reader = self._reader_for(task_index, read.uri, read.shard)
-                offsets = reader.shard_offsets(self.info.split, read.shard)
-                start = int(offsets[read.first_record])
-                length = int(offsets[read.first_record + read.count]) - start
-                if (start, length) != (read.byte_offset, read.byte_length):
-                    raise AssignmentError(
-                        f"Step {step_reads.step}: the instructions say records {read.first_record}.."
-                        f"{read.first_record + read.count - 1} of {read.uri} are bytes {read.byte_offset}+"
-                        f"{read.byte_length}, but the shard's verified offsets give {start}+{length}. The "
-                        "instructions were made for other bytes; do not train on them."
-                    )
-                shards.append(np.full(read.count, read.shard, dtype=np.int64))
-                records.append(np.arange(read.first_record, read.first_record + read.count, dtype=np.int64))
-            if reader is None:
-                per_task.append([])
-                continue
-            per_task.append(
-                reader.read_records(self.info.split, np.concatenate(shards), np.concatenate(records))
-            )
+        per_task = [self._records(step_reads.step, t, task) for t, task in enumerate(step_reads.tasks)]
         ordered = _interleave(per_task, step_reads.order)
-        decoded = next(iter(self._readers.values())).decode(ordered, self._spec)
+        decoded = next(iter(self._readers.values()))[0].decode(ordered, self._spec)
         try:
             features = pad_features(decoded, self.lengths)
         except ValueError as error:
@@ -95,36 +74,66 @@ class BatchReader:
             step_reads.step, False, step_reads.global_batch_size, step_reads.positions, features
         )
 
-    def _reader_for(self, task_index: int, uri: str, shard: int) -> CacheReader:
+    def _records(self, step: int, task_index: int, task: TaskReads) -> list[bytes]:
+        """The records of ``task``'s reads, in order, after checking every file and byte range."""
+        if not len(task):
+            return []
+        found = [
+            self._reader_for(task_index, uri, shard)
+            for shard, uri in zip(task.files.tolist(), task.file_uris, strict=True)
+        ]
+        reader, table = found[-1]  # every one holds the bytes the plan pins
+        try:
+            starts, lengths = table.byte_ranges(task.shard, task.first_record, task.count)
+        except IndexError as error:
+            raise AssignmentError(
+                f"Step {step}: {error} The instructions were made for other bytes."
+            ) from None
+        wrong = np.flatnonzero((starts != task.byte_offset) | (lengths != task.byte_length))
+        if len(wrong):
+            i = int(wrong[0])
+            first, count, shard = int(task.first_record[i]), int(task.count[i]), int(task.shard[i])
+            raise AssignmentError(
+                f"Step {step}: the instructions say records {first}..{first + count - 1} of "
+                f"{table.shard_uris[shard]} are bytes {int(task.byte_offset[i])}+{int(task.byte_length[i])}, "
+                f"but the shard's verified offsets give {int(starts[i])}+{int(lengths[i])}. The instructions "
+                "were made for other bytes; do not train on them."
+            )
+        shards, records = task.records()
+        return reader.read_records(self.info.split, shards, records)
+
+    def _reader_for(self, task_index: int, uri: str, shard: int) -> tuple[CacheReader, CacheReaderTable]:
         task = self.info.plan.task_names[task_index]
         version_dir = uri.rsplit("/", 1)[0]
-        reader = self._readers.get(version_dir)
-        if reader is None:
+        found = self._readers.get(version_dir)
+        if found is None:
             # Refuses a folder whose manifest is not the one the plan pins for this task.
             reader = CacheReader(
                 version_dir,
                 verify_crc=self._verify_crc,
                 expected_manifest_sha256=self.info.plan.caches[task].fingerprint,
             )
-            self._readers[version_dir] = reader
-        if reader.task != task or reader.shard_path(self.info.split, shard) != uri:
+            found = self._readers[version_dir] = (reader, CacheReaderTable(reader, self.info.split))
+        reader, table = found
+        if reader.task != task or not 0 <= shard < len(table.shard_uris) or table.shard_uris[shard] != uri:
+            theirs = table.shard_uris[shard] if 0 <= shard < len(table.shard_uris) else "no such shard"
             raise AssignmentError(
                 f"Instructions name {uri} as shard {shard} of task {task!r}, but that version folder holds "
-                f"task {reader.task!r} whose shard {shard} is {reader.shard_path(self.info.split, shard)}."
+                f"task {reader.task!r} whose shard {shard} is {theirs}."
             )
-        return reader
+        return found
 
     def close(self) -> None:
-        for reader in self._readers.values():
+        for reader, _ in self._readers.values():
             reader.close()
         self._readers.clear()
 
 
-def _interleave(per_task: Sequence[list[bytes]], order: Sequence[int]) -> list[bytes]:
+def _interleave(per_task: Sequence[list[bytes]], order: np.ndarray) -> list[bytes]:
     """Records in batch order: example i is the next unused record of task ``order[i]``."""
     cursors = [0] * len(per_task)
     out = []
-    for task_index in order:
+    for task_index in order.tolist():
         out.append(per_task[task_index][cursors[task_index]])
         cursors[task_index] += 1
     return out

@@ -10,9 +10,10 @@ still verifying a cache, whose Retry-After is honoured) is retried with exponent
 ``retry_seconds`` have passed; then the last error is raised. Other answers (400, 401, 404) are
 raised at once, with the server's message.
 
-The server splits each global batch into the plan's ``num_data_shards`` (D) slices; a host slice of
-``count`` slices with D a multiple of ``count`` (fewer hosts than D, e.g. after resuming on a smaller
-slice) is fetched as its D / count consecutive data shards, merged.
+A host slice ``index`` of ``count`` is asked for as ``host=index&num_hosts=count``; ``count`` must divide
+the plan's ``num_data_shards`` (D). With fewer hosts than D (e.g. after resuming on a smaller slice),
+the server computes the host's D / count consecutive data shards as one slice. Answers are decoded with
+``taskdata.index.from_json`` into the same value ``LocalAssignments`` computes.
 """
 
 from __future__ import annotations
@@ -21,23 +22,13 @@ import random
 import time
 from typing import Any
 
-from taskdata.index import PlanError, RunPlan
-from taskdata.index.columns import column_values
+from taskdata.index import MAX_LOOKAHEAD, PlanError, ReadsError, RunPlan, StepReads, from_json
 from taskdata.runs import StoredRun
-from trainer_client.assignments import (
-    AssignmentError,
-    HostSlice,
-    Read,
-    RunInfo,
-    StepReads,
-    TaskReads,
-    merge_slices,
-)
+from trainer_client.assignments import AssignmentError, HostSlice, RunInfo
 
 __all__ = ["RETRY_STATUSES", "ServerAssignments"]
 
 RETRY_STATUSES = frozenset({502, 503, 504})
-MAX_LOOKAHEAD = 64  # the server's bound on steps per request
 
 
 class ServerAssignments:
@@ -104,43 +95,47 @@ class ServerAssignments:
                 f"grouped into {host_slice.count} host slices. Use a number of hosts (data-parallel groups) "
                 f"that divides {shards}, or create a run whose num_data_shards is a multiple of {host_slice.count}."
             )
-        per_slice = shards // host_slice.count
-        data_shards = range(host_slice.index * per_slice, (host_slice.index + 1) * per_slice)
         out: list[StepReads] = []
         for start in range(first_step, first_step + num_steps, MAX_LOOKAHEAD):
             count = min(MAX_LOOKAHEAD, first_step + num_steps - start)
-            parts = [self._fetch_data_shard(info, start, count, d) for d in data_shards]
-            out += [merge_slices(step_parts) for step_parts in zip(*parts, strict=True)]
+            out += self._fetch_window(info, start, count, host_slice)
         return out
 
-    def _fetch_data_shard(self, info: RunInfo, start: int, count: int, data_shard: int) -> list[StepReads]:
-        # With num_hosts = D, host d is the host that reads data shard d.
+    def _fetch_window(self, info: RunInfo, start: int, count: int, host_slice: HostSlice) -> list[StepReads]:
         shards = info.plan.num_data_shards
         params = {
             "run": self.run,
-            "host": data_shard,
-            "num_hosts": shards,
+            "host": host_slice.index,
+            "num_hosts": host_slice.count,
             "step": start,
             "steps": count,
             "encoding": "base64",  # integer columns as int64 bytes: cheaper to write and to read than decimal
         }
         body = self._get("/shards", params)
+        where = f"/shards for run {self.run!r}, host slice {host_slice.index} of {host_slice.count}, steps {start}..{start + count - 1}"
         expected = {
             "run": self.run,
             "fingerprint": info.fingerprint,
             "split": info.split,
-            "data_shard": data_shard,
+            "host": host_slice.index,
+            "num_hosts": host_slice.count,
+            "data_shard": host_slice.index * (shards // host_slice.count),
             "num_data_shards": shards,
         }
         wrong = {key: body.get(key) for key, value in expected.items() if body.get(key) != value}
         if wrong:
             wanted = {key: expected[key] for key in wrong}
             raise AssignmentError(
-                f"Server {self.url} answered /shards for run {self.run!r}, data shard {data_shard}, steps "
-                f"{start}..{start + count - 1} with {wrong} where {wanted} was "
-                "expected. The run changed under this trainer or the server is misconfigured; do not train on it."
+                f"Server {self.url} answered {where} with {wrong} where {wanted} was expected. The run changed "
+                "under this trainer or the server is misconfigured; do not train on it."
             )
-        steps = [_parse_step(raw) for raw in body["steps"]]
+        try:
+            steps = [from_json(raw) for raw in body["steps"]]
+        except (ReadsError, KeyError, TypeError) as error:
+            raise AssignmentError(
+                f"Server {self.url} answered {where} with read instructions this client refuses: {error} Use a "
+                "client of the same taskdata version as the server; do not train on them."
+            ) from None
         names = [[task.task for task in s.tasks] for s in steps]
         if any(n != list(info.plan.task_names) for n in names):
             raise AssignmentError(
@@ -206,37 +201,3 @@ def _detail(response: Any) -> str:
         return str(response.json()["detail"])
     except (ValueError, KeyError, TypeError):
         return response.text[:500]
-
-
-def _parse_step(raw: dict[str, Any]) -> StepReads:
-    try:
-        return StepReads(
-            step=raw["step"],
-            skipped=raw["skipped"],
-            global_batch_size=raw["global_batch_size"],
-            positions=range(raw["positions"]["start"], raw["positions"]["stop"]),
-            tasks=tuple(_parse_task(task) for task in raw["tasks"]),
-            order=tuple(column_values(raw["order"])),
-        )
-    except (KeyError, TypeError, ValueError) as error:
-        raise AssignmentError(
-            f"A /shards step does not have the expected shape ({type(error).__name__}: {error}); client and "
-            "server versions differ. Use a client of the same taskdata version as the server."
-        ) from None
-
-
-_READ_COLUMNS = ("shard", "first_record", "count", "byte_offset", "byte_length")
-
-
-def _parse_task(raw: dict[str, Any]) -> TaskReads:
-    """A task's reads from the server's columns, each read with its shard's URI from ``files``."""
-    uris = {file["shard"]: file["uri"] for file in raw["files"]}
-    columns = raw["reads"]
-    reads = tuple(
-        Read(shard, uris[shard], first, count, offset, length)
-        for shard, first, count, offset, length in zip(
-            *(column_values(columns[name]) for name in _READ_COLUMNS),
-            strict=True,  # ValueError if the columns differ in length
-        )
-    )
-    return TaskReads(raw["task"], raw["version"], reads)

@@ -55,9 +55,10 @@ def _detail(run: StoredRun, source: Literal["config", "store"]) -> dict[str, Any
         "plan": plan.to_dict(),
         "hosts": {
             "num_data_shards": shards,
-            "rule": f"host h of num_hosts H reads data shard h // (H / {shards}); the global batch does not "
-            "depend on H.",
-            "valid_num_hosts": f"any multiple of {shards} (GET /shards?num_hosts=H; default {shards})",
+            "rule": f"host h of num_hosts H reads data shard h // (H / {shards}) if H is a multiple of {shards}, "
+            f"data shards h * {shards} / H to (h + 1) * {shards} / H - 1 as one slice if H divides {shards}; the "
+            "global batch does not depend on H.",
+            "valid_num_hosts": f"any multiple or divisor of {shards} (GET /shards?num_hosts=H; default {shards})",
         },
         "examples_per_data_shard": {
             "start": plan.schedule.start // shards,

@@ -2,8 +2,10 @@
 
 Hosts and data shards: the run plan fixes ``num_data_shards`` (D), which alone decides how each global
 batch is split, so the global batch never depends on the number of hosts. ``num_hosts`` (H, default D)
-must be a multiple of D; host ``h`` reads data shard ``h // (H / D)`` (``taskdata.index.
-data_shard_for_host``): consecutive hosts that hold one model replica read the same slice.
+must be a multiple or a divisor of D (``taskdata.index.host_slice_for``). A multiple: host ``h`` reads
+data shard ``h // (H / D)``, so consecutive hosts that hold one model replica read the same slice. A
+divisor (fewer hosts, e.g. a run resumed on a smaller slice): host ``h`` reads data shards ``h * D / H``
+to ``(h + 1) * D / H - 1`` as one slice, computed as such (not glued from data shards).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pydantic import ValidationError
 from server.assignments import AnswerCache, shards_body, step_json
 from server.models import MAX_STEP, ErrorResponse, ShardsQuery, ShardsResponse
 from server.state import ServerState, get_state
-from taskdata.index import PlanError, data_shard_for_host
+from taskdata.index import PlanError, RunTables, host_slice_for
 from taskdata.index.columns import ColumnEncoding
 from taskdata.runs import StoredRun
 
@@ -102,21 +104,22 @@ async def get_shards(request: Request) -> Response:
             f"2**53 - 1, the largest integer every JSON reader holds exactly). Ask for fewer steps.",
         )
     try:
-        data_shard = data_shard_for_host(host, hosts, plan.num_data_shards)
+        index, count = host_slice_for(host, hosts, plan.num_data_shards)
     except PlanError as error:
         raise HTTPException(400, f"Run {stored.name!r}: {error}") from None
+    data_shard = index * (plan.num_data_shards // count)  # the first data shard of the host's slice
     caches = state.resolver.cached(stored) or await _first_use(state, stored)
     cache, encoding = state.answers, query.encoding
-    keys = [(stored.name, data_shard, s, encoding) for s in range(step, step + steps)]
+    tables = cache.tables(stored, caches)
+    keys = [(stored.name, count, index, s, encoding) for s in range(step, step + steps)]
     parts: list[bytes | None] = [cache.get(key) for key in keys]
     missing = [i for i, part in enumerate(parts) if part is None]
+    work = (cache, stored.name, tables, [step + i for i in missing], index, count, encoding)
     if len(missing) > 1:
         # Several steps of index math: a worker thread keeps the event loop answering other requests.
-        computed = await anyio.to_thread.run_sync(
-            _compute, stored, caches, data_shard, [step + i for i in missing], cache, encoding
-        )
+        computed = await anyio.to_thread.run_sync(_compute, *work)
     else:
-        computed = _compute(stored, caches, data_shard, [step + i for i in missing], cache, encoding)
+        computed = _compute(*work)
     for i, part in zip(missing, computed, strict=True):
         parts[i] = part
         cache.put(keys[i], part)
@@ -147,11 +150,12 @@ async def _first_use(state: ServerState, run: StoredRun) -> tuple:
 
 
 def _compute(
-    run: StoredRun,
-    caches: tuple,
-    data_shard: int,
-    steps: list[int],
     memory: AnswerCache,
+    run: str,
+    tables: RunTables,
+    steps: list[int],
+    index: int,
+    count: int,
     encoding: ColumnEncoding,
 ) -> list[bytes]:
-    return [step_json(run, caches, data_shard, s, memory, encoding) for s in steps]
+    return [step_json(memory, run, tables, s, index, count, encoding) for s in steps]

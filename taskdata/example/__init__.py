@@ -1,8 +1,9 @@
-"""``tf.train.Example`` records in numpy, without TensorFlow: encode, decode one, decode a batch."""
+"""``tf.train.Example`` records in numpy, without TensorFlow: encode, decode one, decode a batch, pad it."""
 
 from taskdata.example.batch import DTYPES, ExampleDecodeError, RaggedFeature, decode_batch, decode_buffer
 from taskdata.example.decode import decode_example
 from taskdata.example.encode import encode_example
+from taskdata.example.padding import pad_features
 from taskdata.example.wire import has_kind
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "decode_example",
     "encode_example",
     "has_kind",
+    "pad_features",
 ]

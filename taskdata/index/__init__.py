@@ -1,7 +1,9 @@
-"""The index math of a training run, as pure functions: step -> positions -> tasks -> records.
+"""The index math of a training run, as pure functions: step -> positions -> tasks -> records -> reads.
 
 Nothing here reads files or talks to the network; the server and the trainer client call these
-functions and never re-derive them.
+functions and never re-derive them. A step's reads for a host slice are one value (``StepReads``),
+computed by ``step_slices`` / ``step_reads`` and written and read as ``/shards`` JSON by ``to_json`` /
+``from_json``.
 """
 
 from taskdata.index.arrays import ExampleArrays, example_arrays, fits_int64, run_starts
@@ -17,15 +19,28 @@ from taskdata.index.assign import (
     slice_positions,
 )
 from taskdata.index.errors import PlanError
+from taskdata.index.host_reads import (
+    RunTables,
+    ShardTable,
+    StepSlices,
+    host_slice_for,
+    step_reads,
+    step_slices,
+)
 from taskdata.index.layout import ShardLayout
 from taskdata.index.mixing import Mixing
 from taskdata.index.permutation import EpochPermutation, epoch_and_index, permute_many, task_position_of
 from taskdata.index.plan import INDEX_MATH_VERSION, RunPlan, SkipRange, TaskCache, data_shard_for_host
+from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
+from taskdata.index.reads_json import MAX_LOOKAHEAD, from_json, to_json
 from taskdata.index.schedule import BatchSchedule
 
 __all__ = [
     "INDEX_MATH_VERSION",
+    "MAX_LOOKAHEAD",
+    "READ_COLUMNS",
     "BatchSchedule",
+    "CacheFiles",
     "EpochPermutation",
     "ExampleArrays",
     "ExampleRef",
@@ -33,21 +48,32 @@ __all__ = [
     "Mixing",
     "PlanError",
     "ReadRun",
+    "ReadsError",
     "RunPlan",
+    "RunTables",
     "ShardLayout",
+    "ShardTable",
     "SkipRange",
+    "StepReads",
+    "StepSlices",
     "TaskCache",
+    "TaskReads",
     "assign",
     "data_shard_for_host",
     "epoch_and_index",
     "example_arrays",
     "examples_at",
     "fits_int64",
+    "from_json",
     "global_batch",
+    "host_slice_for",
     "locate_example",
     "permute_many",
     "read_runs",
     "run_starts",
     "slice_positions",
+    "step_reads",
+    "step_slices",
     "task_position_of",
+    "to_json",
 ]

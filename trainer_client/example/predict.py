@@ -30,8 +30,8 @@ import numpy as np
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError
 from taskdata.cache.reader import CacheReader
+from taskdata.example import pad_features
 from taskdata.seeding import format_example_id
-from taskdata.stream import pad_features
 from trainer_client.assignments import AssignmentError, AssignmentSource, HostSlice
 from trainer_client.example.model import ModelConfig, _decoder_hidden, _logits, decoder_logits, encode
 
@@ -153,9 +153,9 @@ def pinned_version_dirs(source: AssignmentSource) -> dict[str, str]:
     for first in range(0, _SCAN_STEPS, _SCAN_WINDOW):
         for step in source.fetch(first, _SCAN_WINDOW, HostSlice(0, 1)):
             for task in step.tasks:
-                if task.reads:
+                if len(task):
                     # A shard URI is {root}/{task}/{version}/{file}.
-                    root = task.reads[0].uri.rsplit("/", 3)[0]
+                    root = task.file_uris[0].rsplit("/", 3)[0]
                     return {t.task: fs.join(root, t.task, t.version) for t in step.tasks}
     raise AssignmentError(
         f"Run {info.name!r} reads no records in its first {_SCAN_STEPS} steps, so the cache versions it pins "

@@ -1,0 +1,285 @@
+"""A step's reads, computed: positions -> examples -> read runs -> byte ranges, for host slices.
+
+``step_slices`` computes a whole step at once, cut into ``count`` equal consecutive host slices:
+``example_arrays`` over every position, the read runs of every (slice, task) in one grouped pass
+(``ExampleArrays.grouped_runs``), their byte ranges in one gather per task, and each group's shard
+files in one sort. The assignment server computes a step this way once and cuts every host's answer
+from it. ``step_reads`` computes one slice alone (what a host computing its own reads needs); both
+give equal values for a slice. Positions beyond int64 take the exact scalar chain instead.
+
+Within a slice, a task's consecutive records make one read even when other tasks' examples fall
+between them, so a coarser slice is not the concatenation of its finer slices' reads: at the seams
+their reads join.
+
+Nothing here reads a file: byte ranges come from a ``ShardTable`` per task (the server's verified
+``taskdata.runs.ResolvedCache``, or the trainer client's view of a cache reader).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from taskdata.index.arrays import example_arrays, fits_int64
+from taskdata.index.assign import examples_at, read_runs, slice_positions
+from taskdata.index.errors import PlanError
+from taskdata.index.plan import RunPlan, data_shard_for_host
+from taskdata.index.reads import READ_COLUMNS, CacheFiles, StepReads, assemble
+
+__all__ = ["RunTables", "ShardTable", "StepSlices", "host_slice_for", "step_reads", "step_slices"]
+
+
+class ShardTable(Protocol):
+    """One task's cache version as the index math needs it: names, shard files, and record byte ranges."""
+
+    @property
+    def task(self) -> str: ...
+
+    @property
+    def version(self) -> str:
+        """The version folder's name."""
+        ...
+
+    @property
+    def shard_uris(self) -> Sequence[str]:
+        """Shard ``s``'s file is ``shard_uris[s]``."""
+        ...
+
+    def byte_ranges(
+        self, shards: np.ndarray, first_records: np.ndarray, counts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(byte offsets, byte lengths) of records ``[first_records[i], first_records[i] + counts[i])`` of
+        ``shards[i]``, as int64 arrays."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RunTables:
+    """A run's plan with the shard table and the ``CacheFiles`` of each of its tasks, in the plan's order.
+
+    Build one per run (``of``) and keep it: ``CacheFiles`` encodes its files' JSON once. A server with
+    several runs over one cache version may share that version's ``CacheFiles`` between them.
+    """
+
+    plan: RunPlan
+    tables: tuple[ShardTable, ...]
+    files: tuple[CacheFiles, ...]
+
+    def __post_init__(self) -> None:
+        names = list(self.plan.task_names)
+        for what, got in (
+            ("shard tables", [t.task for t in self.tables]),
+            ("files", [f.task for f in self.files]),
+        ):
+            if got != names:
+                raise PlanError(f"Run {self.plan.name!r} reads tasks {names} but its {what} are of {got}.")
+        for table, files, layout in zip(self.tables, self.files, self.plan.layouts, strict=True):
+            every = np.arange(layout.num_shards)
+            if len(table.shard_uris) != layout.num_shards or not np.array_equal(files.shards, every):
+                raise PlanError(
+                    f"Run {self.plan.name!r} plans {layout.num_shards} shards of task {table.task!r} but its "
+                    f"cache version {table.version!r} has {len(table.shard_uris)} (and {len(files.shards)} files)."
+                )
+
+    @classmethod
+    def of(cls, plan: RunPlan, tables: Sequence[ShardTable]) -> RunTables:
+        files = tuple(CacheFiles.of(t.task, t.version, t.shard_uris) for t in tables)
+        return cls(plan, tuple(tables), files)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StepSlices:
+    """The reads of a step cut into ``count`` equal consecutive host slices; ``slices[i]`` is slice ``i``.
+
+    ``columns`` has one row per name of ``READ_COLUMNS`` and one column per read. The reads of slice
+    ``p`` and task ``t`` are columns ``bounds[g]`` to ``bounds[g + 1]``, ``g = p * num_tasks + t``;
+    the shards they read, ascending, are ``file_shards[file_bounds[g]:file_bounds[g + 1]]``. ``order``
+    holds every example's task index; slice ``p``'s are ``order[p * per_slice:(p + 1) * per_slice]``.
+    """
+
+    step: int
+    skipped: bool
+    global_batch_size: int
+    start: int  # the first position of slice 0
+    per_slice: int
+    count: int
+    files: tuple[CacheFiles, ...]
+    bounds: list[int]
+    columns: np.ndarray
+    file_bounds: list[int]
+    file_shards: np.ndarray
+    order: np.ndarray
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> StepReads:
+        if not 0 <= index < self.count:
+            raise IndexError(f"Step {self.step} has {self.count} host slices; there is no slice {index}.")
+        num_tasks = len(self.files)
+        bounds, file_bounds, columns, file_shards = (
+            self.bounds,
+            self.file_bounds,
+            self.columns,
+            self.file_shards,
+        )
+        tasks = []
+        for t, files in enumerate(self.files):
+            g = index * num_tasks + t
+            tasks.append(
+                (
+                    files,
+                    file_shards[file_bounds[g] : file_bounds[g + 1]],
+                    columns[:, bounds[g] : bounds[g + 1]],
+                )
+            )
+        size = self.per_slice
+        first = self.start + index * size
+        taken = 0 if self.skipped else size
+        return assemble(
+            self.step,
+            self.skipped,
+            self.global_batch_size,
+            range(first, first + size),
+            tasks,
+            self.order[index * taken : (index + 1) * taken],
+        )
+
+
+def step_slices(tables: RunTables, step: int, count: int) -> StepSlices:
+    """``step``'s reads for each of ``count`` equal consecutive host slices, computed together."""
+    return _compute(tables, step, tables.plan.schedule.positions(step), count)
+
+
+def step_reads(tables: RunTables, step: int, index: int, count: int) -> StepReads:
+    """The reads of host slice ``index`` of ``count`` at ``step``, computed alone."""
+    positions = slice_positions(tables.plan, step, index, count)
+    return _compute(tables, step, positions, 1)[0]
+
+
+def _compute(tables: RunTables, step: int, positions: range, parts: int) -> StepSlices:
+    plan = tables.plan
+    num_tasks = len(tables.tables)
+    size = len(positions)
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1 or size % parts:
+        raise PlanError(
+            f"Step {step} of run {plan.name!r}: {size} positions cannot be cut into {parts!r} equal host "
+            f"slices. Use a number of hosts that divides the batch size."
+        )
+    skipped = plan.is_skipped(step)
+    if skipped:
+        nothing = np.zeros(0, np.int64)
+        runs = (np.zeros(parts * num_tasks + 1, np.int64), nothing, nothing, nothing)
+        order = nothing
+    elif fits_int64(plan, positions):
+        arrays = example_arrays(plan, positions)
+        runs = arrays.grouped_runs(parts, num_tasks)
+        order = arrays.tasks
+    else:
+        runs, order = _scalar_runs(plan, positions, parts)
+    return _from_runs(tables, step, skipped, positions.start, size // parts, parts, runs, order)
+
+
+def _scalar_runs(
+    plan: RunPlan, positions: range, parts: int
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """``grouped_runs`` and the task order by the exact scalar chain, for positions beyond int64.
+
+    Shards and records are small numbers whatever the position.
+    """
+    index = {name: i for i, name in enumerate(plan.task_names)}
+    per_slice = len(positions) // parts
+    groups: list[list[list[int]]] = []
+    order: list[int] = []
+    for part in range(parts):
+        first = positions.start + part * per_slice
+        per_task: list[list[list[int]]] = [[] for _ in plan.task_names]
+        for run in read_runs(examples_at(plan, range(first, first + per_slice))):
+            t = index[run.task]
+            order += [t] * run.count
+            reads = per_task[t]
+            # Within a task, consecutive records make one read even when other tasks' examples fall
+            # between them, as in grouped_runs.
+            if reads and reads[-1][0] == run.shard and reads[-1][1] + reads[-1][2] == run.first_record:
+                reads[-1][2] += run.count
+            else:
+                reads.append([run.shard, run.first_record, run.count])
+        groups += per_task
+    table = np.array([r for reads in groups for r in reads], np.int64).reshape(-1, 3)
+    bounds = np.cumsum([0] + [len(reads) for reads in groups])
+    return (bounds, table[:, 0], table[:, 1], table[:, 2]), np.array(order, np.int64)
+
+
+def _from_runs(
+    tables: RunTables,
+    step: int,
+    skipped: bool,
+    start: int,
+    per_slice: int,
+    parts: int,
+    runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    order: np.ndarray,
+) -> StepSlices:
+    """From grouped read runs ``(bounds, shards, first_records, counts)`` (as ``grouped_runs`` gives)."""
+    bounds, shards, firsts, counts = runs
+    num_tasks = len(tables.tables)
+    groups = parts * num_tasks
+    group_of_run = np.repeat(np.arange(groups), np.diff(bounds))
+    # Little-endian int64 rows: a row's slice is already the bytes encoding=base64 writes.
+    columns = np.empty((len(READ_COLUMNS), len(shards)), "<i8")
+    columns[0], columns[1], columns[2] = shards, firsts, counts
+    task_of_run = group_of_run % num_tasks
+    for t, table in enumerate(tables.tables):
+        mine = np.flatnonzero(task_of_run == t)
+        columns[3, mine], columns[4, mine] = table.byte_ranges(shards[mine], firsts[mine], counts[mine])
+    # Distinct (group, shard) pairs, sorted: each group's shard files, ascending.
+    stride = max((len(table.shard_uris) for table in tables.tables), default=1)
+    pairs = np.sort(group_of_run * stride + shards)
+    if len(pairs):
+        pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
+    file_bounds = np.searchsorted(pairs // stride, np.arange(groups + 1))
+    file_shards = pairs % stride
+    order = order.astype("<i8", copy=False)
+    for array in (columns, file_shards, order):
+        array.flags.writeable = False
+    return StepSlices(
+        step=step,
+        skipped=skipped,
+        global_batch_size=tables.plan.schedule.batch_size(step),
+        start=start,
+        per_slice=per_slice,
+        count=parts,
+        files=tables.files,
+        bounds=bounds.tolist(),
+        columns=columns,
+        file_bounds=file_bounds.tolist(),
+        file_shards=file_shards,
+        order=order,
+    )
+
+
+def host_slice_for(host: int, num_hosts: int, num_data_shards: int) -> tuple[int, int]:
+    """(index, count): the host slice that ``host`` of ``num_hosts`` reads of a run of ``num_data_shards``.
+
+    More hosts than data shards (a multiple): consecutive hosts share one data shard, as the hosts of
+    one model replica do (``data_shard_for_host``). Fewer (a divisor): host ``h`` reads the ``num_data_shards
+    / num_hosts`` consecutive data shards from ``h * num_data_shards / num_hosts`` on, as one slice; the
+    global batch does not depend on how it is cut, so that slice is the union of those data shards.
+    """
+    for value, what in ((num_hosts, "Number of hosts"), (num_data_shards, "Number of data shards")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"{what} must be a positive integer but got {value!r}.")
+    if num_hosts % num_data_shards == 0:
+        return data_shard_for_host(host, num_hosts, num_data_shards), num_data_shards
+    if num_data_shards % num_hosts == 0:
+        if isinstance(host, bool) or not isinstance(host, int) or not 0 <= host < num_hosts:
+            raise PlanError(f"Host must be an integer in [0, {num_hosts}) but got {host!r}.")
+        return host, num_hosts
+    raise PlanError(
+        f"Number of hosts ({num_hosts}) must be a multiple or a divisor of the number of data shards "
+        f"({num_data_shards}): each host reads one data shard, or several consecutive ones. Use a number of "
+        f"hosts that divides {num_data_shards} or is a multiple of it."
+    )
