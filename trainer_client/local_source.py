@@ -38,7 +38,7 @@ class LocalAssignments:
             CacheReader(_absolute(version_dirs[task]), expected_manifest_sha256=plan.caches[task].fingerprint)
             for task in plan.task_names
         ]
-        self._tables = RunTables.of(plan, [CacheReaderTable(reader, split) for reader in self._readers])
+        self._tables = RunTables.of(plan, [CacheReaderTable(reader, plan.split) for reader in self._readers])
 
     @classmethod
     def from_cache_root(cls, run: StoredRun, cache_root: str) -> LocalAssignments:
