@@ -60,6 +60,7 @@ class CacheJobSpec:
     tmp_dir: str
     num_shards: tuple[tuple[str, int], ...]
     spill_buffer_bytes: int = 64 << 20
+    seqio_tasks: tuple[str, ...] = ()  # bridged after the modules are imported (taskdata.seqio_bridge)
 
     def shards_of(self, split: str) -> int:
         return dict(self.num_shards)[split]
@@ -72,6 +73,11 @@ def _load_task(spec: CacheJobSpec) -> Any:
     registry = default_registry(Config(*spec.config))
     for module in spec.modules:
         registry.load_module(module)
+    if spec.seqio_tasks:
+        from taskdata.seqio_bridge import add_seqio_task
+
+        for name in spec.seqio_tasks:
+            add_seqio_task(name, registry)
     task = registry.get_task(spec.task)
     fingerprint = task.fingerprint()
     if fingerprint != spec.task_fingerprint:
@@ -112,10 +118,15 @@ def feature_info(task: Any, example: Mapping[str, Any]) -> dict[str, dict[str, A
             continue
         if isinstance(value, str | bytes):
             info[key] = {"dtype": "string", "shape": []}
+            continue
+        array = np.asarray(value)
+        declared = task.output_features.get(key)
+        if declared is not None:
+            dtype = declared.dtype
         else:
-            declared = task.output_features.get(key)
-            dtype = declared.dtype if declared is not None else str(np.asarray(value).dtype)
-            info[key] = {"dtype": dtype, "shape": [None] * np.ndim(value)}
+            dtype = "string" if array.dtype.kind in "SUO" else str(array.dtype)
+        # seqio's convention (beam_utils.GetInfo): the first dimension varies, the others are fixed.
+        info[key] = {"dtype": dtype, "shape": [None, *array.shape[1:]] if array.ndim else []}
     for key in ("task", "source_shard"):
         info[PROVENANCE + key] = {"dtype": "string", "shape": []}
     for key in ("source_shard_index", "index_within_shard", "source_first_document", "source_last_document"):
