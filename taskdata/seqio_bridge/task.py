@@ -124,9 +124,12 @@ class SeqioTask(Task):
             raise SeqioBridgeError(
                 f"seqio task {self.name!r}: source shard {shard!r} is not shard {ctx.shard_index} of split "
                 f"{ctx.split!r}: the source lists its shards in another order now. Rebuild the cache.")
+        import tensorflow as tf
+
         dataset = self.precache_dataset(ctx.split, ctx.shard_index, ctx.seed)
         _check_element_spec(self.name, dataset.element_spec)
-        for example in dataset.as_numpy_iterator():
+        # As seqio's cache job does: TensorFlow runs ahead while this thread encodes and spills.
+        for example in dataset.prefetch(tf.data.AUTOTUNE).as_numpy_iterator():
             self.check_example(example)
             yield example
 
