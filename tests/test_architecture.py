@@ -152,3 +152,10 @@ def test_only_entry_points_read_the_environment(name):
         if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "from_environment"))
     ]
     assert reads == [], f"{name} reads the environment at lines {reads}; take the value as an argument"
+
+
+def test_only_the_seqio_bridge_imports_seqio_and_only_through_import_seqio():
+    # seqio is an optional extra, and importing it needs protobuf's version check relaxed first.
+    importers = {name for name, path in MODULES.items()
+                 if any(m == "seqio" or m.startswith("seqio.") for m in _imports(name, path))}
+    assert importers == {"taskdata.seqio_bridge.runtime"}
