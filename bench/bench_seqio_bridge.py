@@ -115,9 +115,11 @@ def preprocessing_alone(env: dict[str, str]) -> float:
     """Seconds to run the seqio part of the bridge alone in one process: each shard's tf.data pipeline built
     and iterated as the bridged task does it, nothing encoded, shuffled or written."""
     code = (
-        "import time, bench.seqio_bridge_tasks\n"
+        "import time\n"
         "from taskdata.define.registry import Registry\n"
-        "from taskdata.seqio_bridge import add_seqio_task\n"
+        "from taskdata.seqio_bridge import add_seqio_task, import_seqio\n"
+        "import_seqio()\n"
+        "import bench.seqio_bridge_tasks\n"
         f"task = add_seqio_task({TASK!r}, Registry())\n"
         "started = time.monotonic()\n"
         "for _ in task.iter_examples('train', 7): pass\n"

@@ -12,10 +12,8 @@ from __future__ import annotations
 import functools
 import os
 
-from taskdata.seqio_bridge import import_seqio
-
-seqio = import_seqio()
-import tensorflow as tf  # noqa: E402  (after seqio, which import_seqio prepares)
+import seqio  # as a user's module does; taskdata (and the bench, for seqio's job) prepares the import
+import tensorflow as tf
 
 TASK = "bench_span_corruption"
 TOKENS = 568  # T5: 512 input tokens after corruption

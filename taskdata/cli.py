@@ -227,11 +227,14 @@ def _registry(args: argparse.Namespace) -> Any:
     from taskdata.tasks import default_registry
 
     registry = default_registry(_config(args))
+    seqio_names = args.seqio_task or args.seqio_mixture
+    if seqio_names:
+        from taskdata.seqio_bridge import add_seqio_mixture, add_seqio_task, import_seqio
+
+        import_seqio()  # before the modules: they import seqio, which needs protobuf's check relaxed first
     for module in args.module:
         registry.load_module(module)
-    if args.seqio_task or args.seqio_mixture:
-        from taskdata.seqio_bridge import add_seqio_mixture, add_seqio_task
-
+    if seqio_names:
         for name in args.seqio_task:
             add_seqio_task(name, registry)
         for name in args.seqio_mixture:

@@ -1,5 +1,6 @@
 """seqio Tasks and a Mixture for the seqio bridge tests, registered in seqio's registries on import, as a
-t5x project's task module registers them. Beam workers import it by name (``--module tests.seqio_tasks``).
+t5x project's task module registers them (with a plain ``import seqio``). Beam workers import it by name
+(``--module tests.seqio_tasks``).
 
 The data are five small text files in ``tests/data/seqio`` (one source shard each): every line becomes an
 example whose targets are its bytes, with a seeded random drop of tokens before the cache placeholder in
@@ -11,11 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
-from taskdata.seqio_bridge import import_seqio
-
-seqio = import_seqio()
-import tensorflow as tf  # noqa: E402  (after seqio: import_seqio prepares protobuf for it)
+import seqio  # as a user's module does: taskdata prepares the import (--seqio-task, Beam workers)
+import tensorflow as tf
 
 DATA = Path(__file__).resolve().parent / "data" / "seqio"
 SPLITS = {"train": str(DATA / "train-*-of-00003.txt"), "validation": str(DATA / "validation-*-of-00002.txt")}

@@ -328,3 +328,69 @@ def test_a_bridged_mixture_keeps_seqio_s_rates_and_is_idempotent():
                    registry.get_task("seqio_toy_lines_b").output_features)
     with pytest.raises(SeqioBridgeError, match="taskdata already has a task of that name"):
         add_seqio_task("seqio_toy_lines", clash)
+
+
+def test_the_source_reads_seqio_s_raw_records_and_the_vocabulary_seqio_s_ids():
+    task = add_seqio_task("seqio_toy_lines", Registry())
+    shard = task.source.list_shards("train")[1]
+    records = list(task.source.read_shard("train", shard))
+    assert records == [{"text": line} for line in Path(shard).read_text().splitlines()]  # as TextLineSource's
+    vocabulary = task.output_features["targets"].vocabulary
+    ids = vocabulary.encode_batch(["ab", "c"])
+    assert [i.tolist() for i in ids] == [toy.VOCAB.encode("ab"), toy.VOCAB.encode("c")]
+    assert vocabulary.tf_encode(tf.constant(["ab", "c"])).to_list() == [i.tolist() for i in ids]
+    assert vocabulary.decode([*ids[0], 1, 50]) == toy.VOCAB.decode([*ids[0], 1, 50]) == "ab"  # up to EOS
+
+
+def _tf_example_lines(split, shuffle_files, seed=None):
+    return tf.data.Dataset.from_tensor_slices({"text": ["a", "b"]})
+
+
+def test_function_and_tf_example_sources_are_described_by_their_parameters(tmp_path):
+    (tmp_path / "train-00000-of-00001.tfrecord").write_bytes(b"")
+    pattern = {"train": str(tmp_path / "*.tfrecord")}
+    steps = [seqio.CacheDatasetPlaceholder()]
+    described = {}
+    for key, source in {
+        "string": seqio.TFExampleDataSource(pattern, {"text": tf.io.FixedLenFeature([], tf.string)}),
+        "int": seqio.TFExampleDataSource(pattern, {"text": tf.io.FixedLenFeature([], tf.int64)}),
+        "function": seqio.FunctionDataSource(_tf_example_lines, splits=["train"]),
+    }.items():
+        described[key] = bridge_task(_task("source_case", source=source, preprocessors=steps)).fingerprint_description()
+    assert described["string"]["source"]["feature_description"]["text"]["fields"]["dtype"] == {"tf_dtype": "string"}
+    assert described["string"]["source"]["files"] == {"train": [["train-00000-of-00001.tfrecord", 0]]}
+    assert described["int"]["source"] != described["string"]["source"]
+    assert described["function"]["source"]["dataset_fn"] == {"function": "tests.test_seqio_bridge._tf_example_lines"}
+    seqio.TaskRegistry.remove("source_case")
+
+
+def test_a_fresh_command_loads_a_module_that_imports_seqio_plainly():
+    import subprocess
+    import sys
+
+    # As a user runs it: no protobuf variable set; the module does 'import seqio' at its top.
+    env = {k: v for k, v in os.environ.items() if k != "TEMPORARILY_DISABLE_PROTOBUF_VERSION_CHECK"}
+    out = subprocess.run([sys.executable, "-m", "taskdata", "list", "--module", MODULE, "--seqio-mixture",
+                          "seqio_toy_mix"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "task     seqio_toy_lines  SeqioSource -> to_inputs_targets -> tokenize -> random_drop" in out.stdout
+    assert "mixture  seqio_toy_mix  [seqio_toy_lines=1 (25%), seqio_toy_lines_b=3 (75%)]" in out.stdout
+
+
+def test_a_fresh_beam_worker_loads_a_module_that_imports_seqio_plainly(tmp_path):
+    import subprocess
+    import sys
+
+    # A remote worker inherits no environment from the launcher: _load_task prepares the import itself.
+    # The task's fingerprint is checked after it is loaded, so a wrong expected one proves it loaded.
+    code = (
+        "from taskdata.beam.pipeline import CacheJobSpec, _load_task\n"
+        f"spec = CacheJobSpec(task='seqio_toy_lines', task_fingerprint='0' * 64, modules=({MODULE!r},), "
+        f"config=({str(tmp_path)!r}, None, None), seed=0, version_dir='unused', tmp_dir='unused', "
+        "num_shards=(('train', 1),), seqio_tasks=('seqio_toy_lines',))\n"
+        "try:\n    _load_task(spec)\nexcept RuntimeError as e:\n    print(e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TEMPORARILY_DISABLE_PROTOBUF_VERSION_CHECK"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Task 'seqio_toy_lines' has fingerprint" in out.stdout and "on this worker but 000000000000" in out.stdout

@@ -71,13 +71,14 @@ def _load_task(spec: CacheJobSpec) -> Any:
     from taskdata.tasks import default_registry
 
     registry = default_registry(Config(*spec.config))
+    if spec.seqio_tasks:
+        from taskdata.seqio_bridge import add_seqio_task, import_seqio
+
+        import_seqio()  # before the modules: they import seqio, which needs protobuf's check relaxed first
     for module in spec.modules:
         registry.load_module(module)
-    if spec.seqio_tasks:
-        from taskdata.seqio_bridge import add_seqio_task
-
-        for name in spec.seqio_tasks:
-            add_seqio_task(name, registry)
+    for name in spec.seqio_tasks:
+        add_seqio_task(name, registry)
     task = registry.get_task(spec.task)
     fingerprint = task.fingerprint()
     if fingerprint != spec.task_fingerprint:
