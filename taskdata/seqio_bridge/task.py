@@ -44,7 +44,8 @@ _BUILD_LOCK = threading.Lock()
 
 
 class SeqioSource(Source):
-    """The source shards of a seqio task; each is read through the task's pre-cache preprocessors."""
+    """The source shards of a seqio task. ``read_shard`` gives the seqio source's raw records; the bridged
+    task reads each shard through its pre-cache preprocessors instead (``SeqioTask.process_shard``)."""
 
     def __init__(self, seqio_task: Any):
         self.seqio_task = seqio_task
