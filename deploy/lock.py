@@ -1,6 +1,6 @@
 """Writes requirements.lock: exact versions of everything the image installs, from a tested environment.
 
-The closure of taskdata's runtime dependencies plus the ``client`` extra (JAX), with each package's
+The closure of taskdata's runtime dependencies plus the ``client`` (JAX) and ``seqio`` extras, with each package's
 version as installed in the environment this runs in (the one the test suite passed in), so the image
 runs what was tested. Test-only tools (pytest, ruff, emulators) are not in it.
 
@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCK = os.path.join(ROOT, "requirements.lock")
-IMAGE_EXTRAS = ("client",)
+IMAGE_EXTRAS = ("client", "seqio")
 
 
 def declared_requirements() -> list[Requirement]:
@@ -53,7 +53,7 @@ def closure(roots: list[Requirement]) -> dict[str, str]:
             dist = metadata.distribution(requirement.name)
         except metadata.PackageNotFoundError:
             raise SystemExit(
-                f"{requirement.name} is required but not installed here; install '.[client]' first."
+                f"{requirement.name} is required but not installed here; install '.[client,seqio]' first."
             ) from None
         pinned[name] = dist.version
         for child in dist.requires or []:

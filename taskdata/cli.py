@@ -33,6 +33,16 @@ def _common_options() -> argparse.ArgumentParser:
              "the one trained on the built-in corpus",
     )
     common.add_argument(
+        "--seqio-task", action="append", default=[], metavar="NAME",
+        help="register the seqio Task NAME (from a --module) as a taskdata task of the same name: its source and "
+             "preprocessors up to its CacheDatasetPlaceholder, with seqio's seeds (repeatable; needs taskdata[seqio])",
+    )
+    common.add_argument(
+        "--seqio-mixture", action="append", default=[], metavar="NAME",
+        help="register the seqio Mixture NAME and each of its tasks, with seqio's rates (repeatable; needs "
+             "taskdata[seqio])",
+    )
+    common.add_argument(
         "--home", metavar="DIR",
         help="folder of the built-in corpus and vocabulary and of the default cache root; default: "
              "$TASKDATA_HOME, else ~/.cache/taskdata",
@@ -85,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "Beam's local Python runner is used ('-- --direct_running_mode=multi_processing "
                     "--direct_num_workers=2' for several processes).",
     )
-    p.add_argument("--task", required=True, help="task (or mixture: each of its tasks) to cache")
+    p.add_argument("--task", help="task (or mixture: each of its tasks) to cache; or give --seqio-task / "
+                                  "--seqio-mixture to cache seqio's")
     p.add_argument("--output", default=None,
                    help="cache root, local or gs:// (default: {--home}/caches)")
     p.add_argument("--seed", type=int, default=0, help="shuffle and preprocessing seed (default 0), recorded in the manifest")
@@ -225,8 +236,18 @@ def _registry(args: argparse.Namespace) -> Any:
     config = _config(args)
     remember_digests_in(os.path.join(config.home, "source-digests"))  # hash local source files once
     registry = default_registry(config)
+    seqio_names = args.seqio_task or args.seqio_mixture
+    if seqio_names:
+        from taskdata.seqio_bridge import add_seqio_mixture, add_seqio_task, import_seqio
+
+        import_seqio()  # before the modules: they import seqio, which needs protobuf's check relaxed first
     for module in args.module:
         registry.load_module(module)
+    if seqio_names:
+        for name in args.seqio_task:
+            add_seqio_task(name, registry)
+        for name in args.seqio_mixture:
+            add_seqio_mixture(name, registry)
     return registry
 
 
@@ -314,20 +335,36 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     from taskdata.beam.job import CacheOptions, run_cache_job
     from taskdata.define.mixture import Mixture
 
+    if args.task is None and not (args.seqio_task or args.seqio_mixture):
+        raise ValueError("Name what to cache: --task NAME, or --seqio-task NAME / --seqio-mixture NAME with the "
+                         "--module that registers it in seqio.")
     registry = _registry(args)
-    item = registry.get(args.task)
-    names = list(item.task_names) if isinstance(item, Mixture) else [item.name]
-    for name in names:
+    names = []
+    for given in [args.task] if args.task is not None else [*args.seqio_task, *args.seqio_mixture]:
+        item = registry.get(given)
+        names.extend(item.task_names if isinstance(item, Mixture) else [item.name])
+    bridged = set(args.seqio_task) | {t for m in args.seqio_mixture for t in registry.get_mixture(m).task_names}
+    for name in dict.fromkeys(names):
         options = CacheOptions(
             task=name, output=args.output or _config(args).cache_root, seed=args.seed, num_shards=args.num_shards,
             splits=tuple(args.splits) if args.splits else None, force=args.force, verify=not args.no_verify,
             modules=tuple(args.module), beam_args=tuple(args.beam_args), progress=not args.quiet,
             config=_config(args), allow_empty_source_files=args.allow_empty_source_files,
-            stale_after_s=args.stale_after,
+            stale_after_s=args.stale_after, seqio_tasks=(name,) if name in bridged else (),
         )
         result = run_cache_job(options, registry)
         print(result.version_dir)
+        _log_seqio_location(result.version_dir, quiet=args.quiet)
     return 0
+
+
+def _log_seqio_location(version_dir: str, quiet: bool) -> None:
+    from taskdata.seqio_bridge.reader import seqio_cache_location  # no seqio import: names and paths only
+
+    if not quiet:
+        cache_dir, name = seqio_cache_location(version_dir)
+        print(f"[cache] seqio reads it as cached task {name!r} after seqio.add_global_cache_dirs([{cache_dir!r}])",
+              file=sys.stderr)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

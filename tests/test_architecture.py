@@ -5,7 +5,7 @@
   ``trainer_client``; only ``taskdata.cli`` (``taskdata serve``) opens the door to the server.
 - The server never builds caches (no ``taskdata.beam``); server and client meet only over HTTP.
 - Only entry points read the environment: ``taskdata.config`` (for them), the CLI, the server's
-  settings and the example trainer.
+  settings and the example trainer; and ``taskdata.seqio_bridge.runtime`` sets one variable for seqio.
 """
 
 from __future__ import annotations
@@ -133,7 +133,12 @@ def test_the_server_never_builds_caches_and_meets_the_client_only_over_http():
     assert _offenders("trainer_client", ("server", "taskdata.beam", "apache_beam", "fastapi")) == {}
 
 
-ENVIRONMENT_READERS = {"taskdata.config", "taskdata.cli", "server.settings", "trainer_client.example.train"}
+ENVIRONMENT_READERS = {
+    "taskdata.config", "taskdata.cli", "server.settings", "trainer_client.example.train",
+    # Not a reader but the one compatibility write: it sets protobuf's TEMPORARILY_DISABLE_PROTOBUF_VERSION_CHECK
+    # (setdefault) right before importing seqio, in the launcher and on Beam workers (see its docstring).
+    "taskdata.seqio_bridge.runtime",
+}
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -147,3 +152,10 @@ def test_only_entry_points_read_the_environment(name):
         if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "from_environment"))
     ]
     assert reads == [], f"{name} reads the environment at lines {reads}; take the value as an argument"
+
+
+def test_only_the_seqio_bridge_imports_seqio_and_only_through_import_seqio():
+    # seqio is an optional extra, and importing it needs protobuf's version check relaxed first.
+    importers = {name for name, path in MODULES.items()
+                 if any(m == "seqio" or m.startswith("seqio.") for m in _imports(name, path))}
+    assert importers == {"taskdata.seqio_bridge.runtime"}

@@ -26,7 +26,7 @@ def test_list_and_help_import_no_heavy_library_and_build_nothing(tmp_path):
         "import sys\n"
         "from taskdata.cli import main\n"
         "main(['list']); main(['list', '--module', 'tests.cache_tasks'])\n"
-        "heavy = sorted(m for m in ('tensorflow', 'apache_beam', 'jax', 'sentencepiece', 'pyarrow', 'fastapi') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('tensorflow', 'apache_beam', 'jax', 'sentencepiece', 'pyarrow', 'fastapi', 'seqio') if m in sys.modules)\n"
         "print('HEAVY', heavy)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT), TASKDATA_HOME=str(tmp_path))

@@ -36,7 +36,8 @@ def _lock() -> dict[str, str]:
 def test_every_declared_runtime_dependency_is_pinned_and_satisfies_its_floor():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pins = _lock()
-    for spec in project["dependencies"] + project["optional-dependencies"]["client"]:
+    extras = project["optional-dependencies"]
+    for spec in project["dependencies"] + extras["client"] + extras["seqio"]:
         requirement = Requirement(spec)
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} is declared in pyproject.toml but not pinned in requirements.lock"

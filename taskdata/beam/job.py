@@ -41,12 +41,15 @@ from taskdata.cache.lease import DEFAULT_STALE_AFTER_S, VersionLease, remove_aba
 from taskdata.cache.stats import FeatureStats
 from taskdata.config import Config
 
-__all__ = ["CacheJobError", "CacheOptions", "CacheResult", "run_cache_job"]
+__all__ = ["SEQIO_CACHE_VERSION", "CacheJobError", "CacheOptions", "CacheResult", "run_cache_job", "version_name"]
 
 # On real C4 a shard of span-corruption records is ~1.1x the size of the uncompressed source text it
 # came from, so sizing by source bytes keeps shards near the target (100-500 MB).
 TARGET_SHARD_BYTES = 256 << 20
 MIN_SHARDS = 4
+# The seqio cache format that info.{split}.json follows: seqio parses "seqio_version" as a version, and
+# below 0.0.0 (or without it) it would read int64 features as int32. taskdata's version has its own key.
+SEQIO_CACHE_VERSION = "0.0.20"
 
 
 class CacheJobError(RuntimeError):
@@ -70,6 +73,8 @@ class CacheOptions:
     stale_after_s: float = DEFAULT_STALE_AFTER_S
     # Source shards with no records are an error (a broken export, usually) unless this says they are expected.
     allow_empty_source_files: bool = False
+    # seqio tasks the workers bridge after importing ``modules`` (taskdata cache --seqio-task).
+    seqio_tasks: tuple[str, ...] = ()
     # What the built-in tasks read (and where they build it): the workers register them from this.
     config: Config = dataclasses.field(default_factory=Config)
 
@@ -119,7 +124,7 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
         work.extend((split, i, path) for i, path in enumerate(shards))
         num_shards[split] = options.num_shards or _default_num_shards(task.source.estimated_bytes(split))
 
-    version = f"v{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}Z-{uuid.uuid4().hex[:8]}"
+    version = version_name(datetime.datetime.now(datetime.UTC), uuid.uuid4().hex[:8])
     version_dir = fs.join(root, version)
     tmp_dir = fs.join(version_dir, "_tmp")
     fs.makedirs(tmp_dir)
@@ -132,6 +137,7 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
         config=options.config.to_tuple(), seed=options.seed, version_dir=version_dir, tmp_dir=tmp_dir,
         num_shards=tuple(sorted(num_shards.items())), spill_buffer_bytes=options.spill_buffer_bytes,
         allow_empty_source_files=options.allow_empty_source_files, digest_memo_dir=digests_remembered_in(),
+        seqio_tasks=tuple(options.seqio_tasks),
     )
     log(f"[cache] task {task.name} (fingerprint {task_fingerprint[:12]}), seed {options.seed}, "
         + ", ".join(f"{s}: {sum(1 for w in work if w[0] == s)} source shards -> {num_shards[s]} shards"
@@ -148,6 +154,12 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
         f"{name}: {split.num_records} examples in {len(split.shards)} shards" for name, split in manifest.splits.items())
         + f"; {total_bytes / 1e6:.1f} MB at {version_dir}")
     return CacheResult(task.name, version_dir, False, manifest, seconds)
+
+
+def version_name(built: datetime.datetime, suffix: str) -> str:
+    """``v20261123T114254Z_e0bf6160``: sorts by build time, and is a valid seqio task-name part, so that
+    seqio reads the version as its cached task ``{task}:{version}`` (versions named before used '-')."""
+    return f"v{built:%Y%m%dT%H%M%S}Z_{suffix}"
 
 
 def _default_num_shards(estimated_bytes: int | None) -> int:
@@ -363,7 +375,8 @@ def _write_empty_shard(spec: Any, split: str, dest: int, num_shards: int) -> Non
 
 def _write_seqio_files(version_dir: str, split: str, features: dict[str, Any], num_shards: int,
                        stats: FeatureStats) -> None:
-    info = {"features": features, "num_shards": num_shards, "seqio_version": f"taskdata-{_version()}"}
+    info = {"features": features, "num_shards": num_shards, "seqio_version": SEQIO_CACHE_VERSION,
+            "taskdata_version": _version()}
     fs.write_atomic(fs.join(version_dir, f"info.{split}.json"), (json.dumps(info, indent=2, sort_keys=True) + "\n").encode())
     fs.write_atomic(fs.join(version_dir, f"stats.{split}.json"),
                     (json.dumps(stats.to_json(), indent=2, sort_keys=True) + "\n").encode())

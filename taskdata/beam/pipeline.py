@@ -62,6 +62,7 @@ class CacheJobSpec:
     spill_buffer_bytes: int = 64 << 20
     allow_empty_source_files: bool = False
     digest_memo_dir: str | None = None  # where the launcher remembers source files' digests
+    seqio_tasks: tuple[str, ...] = ()  # bridged after the modules are imported (taskdata.seqio_bridge)
 
     def shards_of(self, split: str) -> int:
         return dict(self.num_shards)[split]
@@ -76,8 +77,14 @@ def _load_task(spec: CacheJobSpec) -> Any:
         remember_digests_in(spec.digest_memo_dir)  # the launcher hashed the local source files already
 
     registry = default_registry(Config(*spec.config))
+    if spec.seqio_tasks:
+        from taskdata.seqio_bridge import add_seqio_task, import_seqio
+
+        import_seqio()  # before the modules: they import seqio, which needs protobuf's check relaxed first
     for module in spec.modules:
         registry.load_module(module)
+    for name in spec.seqio_tasks:
+        add_seqio_task(name, registry)
     task = registry.get_task(spec.task)
     fingerprint = task.fingerprint()
     if fingerprint != spec.task_fingerprint:
@@ -118,10 +125,15 @@ def feature_info(task: Any, example: Mapping[str, Any]) -> dict[str, dict[str, A
             continue
         if isinstance(value, str | bytes):
             info[key] = {"dtype": "string", "shape": []}
+            continue
+        array = np.asarray(value)
+        declared = task.output_features.get(key)
+        if declared is not None:
+            dtype = declared.dtype
         else:
-            declared = task.output_features.get(key)
-            dtype = declared.dtype if declared is not None else str(np.asarray(value).dtype)
-            info[key] = {"dtype": dtype, "shape": [None] * np.ndim(value)}
+            dtype = "string" if array.dtype.kind in "SUO" else str(array.dtype)
+        # seqio's convention (beam_utils.GetInfo): the first dimension varies, the others are fixed.
+        info[key] = {"dtype": dtype, "shape": [None, *array.shape[1:]] if array.ndim else []}
     for key in ("task", "source_shard"):
         info[PROVENANCE + key] = {"dtype": "string", "shape": []}
     for key in ("source_shard_index", "index_within_shard", "source_first_document", "source_last_document"):
