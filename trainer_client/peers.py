@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -74,12 +75,11 @@ class PeerWatchdog:
     def fail(self, error: BaseException) -> NoReturn:
         """Ends this process after ``error`` (printed by the caller), telling the peers to stop too.
 
-        A failed JAX runtime call (a collective whose peer vanished) is usually the consequence of a
-        peer that stopped: the watchdog is given the time to name that peer instead.
+        A failed runtime call (a collective whose peer vanished: gloo's "Connection closed by peer")
+        is usually the consequence of a peer that stopped: the watchdog is first given the time to
+        name that peer, so that every process reports the cause rather than its consequence.
         """
-        import jax
-
-        if isinstance(error, jax.errors.JaxRuntimeError) and self._thread.is_alive():
+        if _is_runtime_failure(error) and self._thread.is_alive():
             self._thread.join(timeout=self._timeout + 3 * self._period)
         self.leave(
             f"process {self.index} of {self.count} failed with {type(error).__name__}: {str(error)[:300]}",
@@ -156,3 +156,14 @@ class PeerWatchdog:
             # Peers still beating must be told; once no counter moves for 3 periods, nobody is left to tell.
             if len(gone | {self.index}) == self.count or time.monotonic() - quiet_since > 3 * self._period:
                 return
+
+
+# XLA's runtime errors carry an absl status code; JAX raises some as JaxRuntimeError, others (a gloo
+# collective that lost its peer) as ValueError.
+_RUNTIME_STATUS = re.compile(r"^(UNKNOWN|INTERNAL|UNAVAILABLE|ABORTED|CANCELLED|DEADLINE_EXCEEDED|FAILED_PRECONDITION): ")
+
+
+def _is_runtime_failure(error: BaseException) -> bool:
+    import jax
+
+    return isinstance(error, jax.errors.JaxRuntimeError) or bool(_RUNTIME_STATUS.match(str(error)))
