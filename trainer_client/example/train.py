@@ -19,8 +19,8 @@ hash of the global batch as assembled across hosts.
 
 No host is left hanging: when one of several processes stops (killed, crashed, host lost), every
 other one exits with code 1 within about ``--peer-timeout`` seconds, saying which process stopped
-and how to resume (``trainer_client.peers``); a process that fails with an error exits at once
-instead of waiting in ``jax.distributed``'s shutdown barrier.
+and how to resume (``trainer_client.peers``); a process that fails with an error stops the others
+the same way instead of leaving them blocked until JAX's shutdown barrier times out.
 
 With ``--predictions-out FILE``, a run that reaches ``--steps`` (also a restart with nothing left to
 train) then has process 0 greedily decode the ``targets`` of the first ``--predict-examples`` examples
