@@ -1,4 +1,5 @@
-"""The example trainer as separate processes: batch hashes, SIGTERM/SIGKILL preemption, several hosts, elastic resume.
+"""The example trainer as separate processes: batch hashes, SIGTERM/SIGKILL preemption, several hosts, elastic resume,
+a lost host (every other process exits on its own, saying how to resume).
 
 Every trainer is a ``python -m trainer_client.example.train`` process stopped by its pid when the test ends;
 each wait is bounded. The reference for every comparison is the global batch one process builds with

@@ -284,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _train(args: argparse.Namespace, stop: _StopRequest) -> int:
     import jax
     import numpy as np
+    import optax
     from jax.experimental import multihost_utils
     from jax.sharding import NamedSharding
 
@@ -359,8 +360,6 @@ def _train(args: argparse.Namespace, stop: _StopRequest) -> int:
     )
 
     def train_step(params: Any, opt_state: Any, batch: Any) -> Any:
-        import optax
-
         loss, grads = jax.value_and_grad(loss_fn)(params, batch, config)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
