@@ -257,7 +257,7 @@ def measure_adapter(adapter: str, mode: str, step_ms: float, args, run: str, hos
                                         options=ocp.CheckpointManagerOptions(max_to_keep=2))  # fmt: skip
     batches, checkpointable, close = adapter_batches(adapter, args, run, host, hosts)
     examples = tokens = 0
-    started = None
+    started = cpu_started = None
     waited = 0.0
     saves = []
     device_end = previous_end = 0.0
@@ -274,7 +274,7 @@ def measure_adapter(adapter: str, mode: str, step_ms: float, args, run: str, hos
         if first_batch is None:
             first_batch = got - t0
         if i == WARMUP:
-            started = max(got, device_end)
+            started, cpu_started = max(got, device_end), time.process_time()
         elif i > WARMUP:
             waited += got - before
         if mode == "accelerator":
@@ -295,13 +295,15 @@ def measure_adapter(adapter: str, mode: str, step_ms: float, args, run: str, hos
     if mode == "accelerator":
         time.sleep(max(0.0, device_end - time.perf_counter()))
     wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     if manager is not None:
         manager.wait_until_finished()
         manager.close()
     close()
     return {"examples_s": examples / wall, "tokens_s": tokens / wall, "wait": waited / wall,
             "step_ms": wall / args.steps * 1000, "first_ms": first_batch * 1000,
-            "saves": len(saves), "save_ms": max(saves, default=0.0) * 1000}  # fmt: skip
+            "saves": len(saves), "save_ms": max(saves, default=0.0) * 1000,
+            "cpu_ms": cpu / args.steps * 1000}  # fmt: skip
 
 
 def run_ecosystem(args) -> list[str]:
@@ -334,8 +336,10 @@ def run_ecosystem(args) -> list[str]:
             for host in range(hosts):
                 ex, ex_lo, ex_hi = median(mode, adapter, host, "examples_s")
                 wait, wait_lo, wait_hi = median(mode, adapter, host, "wait")
+                cpu, cpu_lo, cpu_hi = median(mode, adapter, host, "cpu_ms")
                 per_host.append(f"{ex:,.0f} ({ex_lo:,.0f}-{ex_hi:,.0f}) examples/s, waiting {wait * 100:.2f}% "
-                                f"({wait_lo * 100:.2f}-{wait_hi * 100:.2f}%)")  # fmt: skip
+                                f"({wait_lo * 100:.2f}-{wait_hi * 100:.2f}%), CPU {cpu:.1f} ({cpu_lo:.1f}-{cpu_hi:.1f}) "
+                                "ms per step")  # fmt: skip
             what = "pipeline alone" if mode == "pipeline" else f"accelerator model, {step_ms:.0f} ms step"
             saves = ""
             if adapter == "orbax":
@@ -356,8 +360,10 @@ def run_ecosystem(args) -> list[str]:
     )
     lines.append(
         "waiting = time in next() of what the train loop iterates / wall time (orbax: save() runs in the step, "
-        "while the device of the accelerator model computes); pipeline-alone rows measure capacity, which the "
-        "other jobs on this shared 2-core machine make vary from round to round (see the ranges)"
+        "while the device of the accelerator model computes); CPU = the process's CPU time (every thread: reading, "
+        "the adapter, the train loop, orbax's writer) per step, the cost of an adapter whatever the load; "
+        "pipeline-alone rows measure capacity, which the other jobs on this shared 2-core machine make vary from "
+        "round to round (see the ranges)"
     )
     return lines
 
