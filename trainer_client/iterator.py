@@ -187,6 +187,8 @@ class DataIterator:
 
     def close(self) -> None:
         self._stop_threads()
+        # A next() waiting in another thread (tf.data's, say) gets this instead of waiting forever.
+        self._batches.put(RuntimeError("The DataIterator was closed; build a new one to read on."))
         self._reader.close()
         self._source.close()
 

@@ -9,11 +9,13 @@ For input pipelines written in tf.data (the HF TF/TPU language-model recipe, t5x
 each element is one step's host batch, exactly what ``DataIterator`` yields for that step, plus its
 ``step``. A step that the plan skips yields no element. The dataset wraps a ``DataIterator`` built
 here, so a start state of another run fails here with its ``ResumeError``; the iterator reads ahead
-in its own threads and ``from_generator`` hands its batches to TensorFlow.
+in its own threads, and the dataset, a range of steps mapped in order through ``tf.numpy_function``,
+hands each step's batch to TensorFlow (cheaper than ``from_generator``, whose end of stream also
+stalled for seconds on a one-core host in ``bench/bench_client.py``).
 
 Resuming is by step: build the dataset again with ``start=DataState(k, fingerprint)`` (tf.data
-cannot checkpoint a ``from_generator`` iterator itself). Since tf.data reads ahead of the train step
-(``prefetch``), the state to save is the step of the last element the train step consumed, plus one.
+cannot checkpoint an iterator whose elements come from Python). Since tf.data may read ahead of the
+train step (``prefetch``), the state to save is the step of the last element trained on, plus one.
 The dataset owns its source and can be iterated once; build another one to read again.
 
 TensorFlow is imported when ``tf_dataset`` is called: the rest of ``trainer_client`` works without it.
@@ -21,8 +23,9 @@ TensorFlow is imported when ``tf_dataset`` is called: the rest of ``trainer_clie
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Mapping
+import atexit
+import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -66,21 +69,43 @@ def tf_dataset(
     )
     schedule = iterator.info.plan.schedule
     rows = schedule.end // iterator.host_slice.count if schedule.is_constant else None
-    signature = {name: tf.TensorSpec((rows, length), tf.int32) for name, length in lengths.items()}
-    signature[STEP_KEY] = tf.TensorSpec((), tf.int64)
-    claimed = threading.Lock()
+    names = list(lengths)
+    first = iterator.state().step
 
-    def batches() -> Iterator[dict[str, np.ndarray]]:
-        if not claimed.acquire(blocking=False):
+    def read(step: np.int64) -> list[np.ndarray]:
+        # Called once per step, in order (a sequential map): the iterator's next batch is that step's.
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            batch = None
+        if batch is None or batch.step != step:
             raise RuntimeError(
                 "A taskdata tf.data dataset is read once (it owns its source and iterator). Build another "
                 "one with tf_dataset(..., start=DataState(step, fingerprint)) to read again from any step."
             )
-        try:
-            for batch in iterator:
-                if not batch.skipped:
-                    yield {**batch.features, STEP_KEY: np.int64(batch.step)}
-        finally:
+        if stop_step is not None and batch.step + 1 >= stop_step:
             iterator.close()
+        if batch.skipped:  # filtered out below: the arrays only have to fit the element's shapes
+            return [np.zeros((rows or 0, lengths[name]), np.int32) for name in names] + [np.bool_(False)]
+        return [batch.features[name] for name in names] + [np.bool_(True)]
 
-    return tf.data.Dataset.from_generator(batches, output_signature=signature)
+    def element(step: Any) -> tuple[dict[str, Any], Any]:
+        *arrays, trained = tf.numpy_function(read, [step], [tf.int32] * len(names) + [tf.bool], stateful=True)
+        features = {n: tf.ensure_shape(a, (rows, lengths[n])) for n, a in zip(names, arrays, strict=True)}
+        return {**features, STEP_KEY: step}, trained
+
+    # A dataset abandoned before its end may leave tf.data's thread waiting in read(): closing the
+    # iterator before the interpreter's teardown ends that wait, so that the exit does not hang.
+    atexit.register(_close_at_exit, weakref.ref(iterator))
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = False  # read() takes the steps in order
+    steps = tf.data.Dataset.counter(first) if stop_step is None else tf.data.Dataset.range(first, stop_step)
+    # A plan may skip a step's data: that step yields no element.
+    dataset = steps.map(element).filter(lambda _, trained: trained).map(lambda batch, _: batch)
+    return dataset.with_options(options)
+
+
+def _close_at_exit(iterator: weakref.ref[DataIterator]) -> None:
+    alive = iterator()
+    if alive is not None:
+        alive.close()
