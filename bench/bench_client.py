@@ -20,6 +20,16 @@ measured three ways:
 
 The target (>= 3,200 examples/s per host with < 1% of step time waiting) fixes the step time at
 host batch / 3,200 (80 ms for 256 examples).
+
+    PYTHONPATH=. python bench/bench_client.py --ecosystem --steps 300 [--repeats 3] [--checkpoint-params N] [--write]
+
+``--ecosystem`` measures, in the same run and from the local source, the plain iterator against the
+same iterator with orbax checkpointing (a ``CheckpointManager`` saving a model state of
+``--checkpoint-params`` float32 parameters plus its optax Adam state and the data state every 100
+steps, asynchronously) and against the tf.data (``tf_dataset``) and Grain (``RunIterDataset``)
+adapters, each in the pipeline-alone and accelerator models above. Waiting is the time spent in
+``next()`` of what the train loop iterates; for orbax, the time ``save`` blocks counts as step time.
+The target for the adapters: within 10% of the plain iterator's examples/s.
 """
 
 from __future__ import annotations
@@ -193,6 +203,171 @@ def measure(kind: str, mode: str, step_ms: float, args, url: str, run: str, host
             "step_ms": wall / args.steps * 1000, "first_ms": first_batch * 1000, "alone_ms": alone}  # fmt: skip
 
 
+ADAPTERS = ("plain", "orbax", "tfdata", "grain")
+CHECKPOINT_EVERY = 100
+
+
+def adapter_batches(adapter: str, args, run: str, host: int, hosts: int):
+    """(iterator of (step, features), the DataIterator or Grain iterator to checkpoint, close)."""
+    from trainer_client.assignments import HostSlice
+    from trainer_client.iterator import DataIterator
+
+    lengths = {"inputs": 512, "targets": 114}
+    source = make_source("local", args.cache_root, run, "")
+    options = {"host_slice": HostSlice(host, hosts), "lookahead": args.lookahead, "prefetch": args.prefetch,
+               "stop_step": WARMUP + args.steps}  # fmt: skip
+    if adapter == "tfdata":
+        from trainer_client.tfdata import tf_dataset
+
+        elements = tf_dataset(source, lengths, **options).as_numpy_iterator()
+        return ((int(e.pop("step")), e) for e in elements), None, lambda: None
+    if adapter == "grain":
+        from trainer_client.grain_dataset import RunIterDataset
+
+        it = iter(RunIterDataset(source, lengths, **options))
+        return ((int(e.pop("step")), e) for e in it), it, it.close
+    it = DataIterator(source, lengths, **options)
+    return ((b.step, b.features) for b in it), it, it.close
+
+
+def measure_adapter(adapter: str, mode: str, step_ms: float, args, run: str, host: int, hosts: int) -> dict:
+    """One host's figures for one adapter (or orbax checkpointing) in one train step model."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from trainer_client.arrays import batch_sharding, make_mesh
+
+    mesh = make_mesh(1)
+    sharding = batch_sharding(mesh)
+    consume = jax.jit(lambda arrays: sum(jnp_sum(a) for a in arrays.values()))
+    step_seconds = step_ms / 1000
+    manager = state = None
+    if adapter == "orbax":
+        import tempfile
+
+        import optax
+        import orbax.checkpoint as ocp
+
+        from trainer_client.orbax_state import DataCheckpointSave
+
+        params = {"w": jnp.zeros((args.checkpoint_params,), jnp.float32)}
+        state = {"params": params, "opt_state": optax.adam(1e-3).init(params)}
+        manager = ocp.CheckpointManager(tempfile.mkdtemp(prefix="bench_client_orbax_"),
+                                        options=ocp.CheckpointManagerOptions(max_to_keep=2))  # fmt: skip
+    batches, checkpointable, close = adapter_batches(adapter, args, run, host, hosts)
+    examples = tokens = 0
+    started = cpu_started = None
+    waited = 0.0
+    saves = []
+    device_end = previous_end = 0.0
+    t0 = time.perf_counter()
+    first_batch = None
+    i = 0
+    while True:
+        before = time.perf_counter()
+        try:
+            step, features = next(batches)
+        except StopIteration:
+            break
+        got = time.perf_counter()
+        if first_batch is None:
+            first_batch = got - t0
+        if i == WARMUP:
+            started, cpu_started = max(got, device_end), time.process_time()
+        elif i > WARMUP:
+            waited += got - before
+        if mode == "accelerator":
+            arrays = {name: jax.make_array_from_process_local_data(sharding, local) for name, local in features.items()}
+            np.asarray(consume(arrays))
+            now = time.perf_counter()
+            previous_end, device_end = device_end, max(device_end, now) + step_seconds
+            time.sleep(max(0.0, previous_end - now))
+        if manager is not None and (step + 1) % CHECKPOINT_EVERY == 0:
+            saving_started = time.perf_counter()
+            manager.save(step + 1, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                           data=DataCheckpointSave(checkpointable)))  # fmt: skip
+            saves.append(time.perf_counter() - saving_started)
+        if i >= WARMUP:
+            examples += len(next(iter(features.values())))
+            tokens += int(sum(np.count_nonzero(a) for a in features.values()))
+        i += 1
+    if mode == "accelerator":
+        time.sleep(max(0.0, device_end - time.perf_counter()))
+    wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
+    if manager is not None:
+        manager.wait_until_finished()
+        manager.close()
+    close()
+    return {"examples_s": examples / wall, "tokens_s": tokens / wall, "wait": waited / wall,
+            "step_ms": wall / args.steps * 1000, "first_ms": first_batch * 1000,
+            "saves": len(saves), "save_ms": max(saves, default=0.0) * 1000,
+            "cpu_ms": cpu / args.steps * 1000}  # fmt: skip
+
+
+def run_ecosystem(args) -> list[str]:
+    """Every adapter in every model, ``--repeats`` rounds in turn: the other jobs on a shared machine
+    load them all alike, and each figure is the median of its rounds (with their range)."""
+    target_ms = args.step_ms
+    lines = [
+        f"c4_span_corruption (inputs 512, targets 114) from {args.cache_root}, local source; host batch "
+        f"{args.host_batch}; {args.steps} steps per host after {WARMUP} warm-up steps; a fresh process per host "
+        f"(2 hosts pinned to a core each) per measurement; {args.repeats} rounds, the configurations in turn within "
+        f"each, median (min-max) per host. orbax = the plain iterator plus CheckpointManager.save every "
+        f"{CHECKPOINT_EVERY} steps (asynchronous) of {args.checkpoint_params:,} float32 parameters + optax Adam "
+        f"state ({args.checkpoint_params * 12 / 1e6:.0f} MB) + the data state",
+    ]
+    configs = [(mode, step_ms, adapter) for mode, step_ms in (("pipeline", 0.0), ("accelerator", target_ms))
+               for adapter in ADAPTERS if not (adapter == "orbax" and mode == "pipeline")]  # fmt: skip
+    verdicts = []
+    for hosts in [int(h) for h in args.hosts.split(",")]:
+        rounds: dict[tuple[str, str], list[list[dict]]] = {(m, a): [] for m, _, a in configs}
+        for _ in range(args.repeats):
+            for mode, step_ms, adapter in configs:
+                rounds[mode, adapter].append(run_hosts(f"eco-{adapter}", mode, step_ms, args, "-", hosts))
+
+        def median(mode: str, adapter: str, host: int, key: str, rounds=rounds) -> tuple[float, float, float]:
+            values = sorted(r[host][key] for r in rounds[mode, adapter])
+            return values[len(values) // 2], values[0], values[-1]
+
+        for mode, step_ms, adapter in configs:
+            per_host = []
+            for host in range(hosts):
+                ex, ex_lo, ex_hi = median(mode, adapter, host, "examples_s")
+                wait, wait_lo, wait_hi = median(mode, adapter, host, "wait")
+                cpu, cpu_lo, cpu_hi = median(mode, adapter, host, "cpu_ms")
+                per_host.append(f"{ex:,.0f} ({ex_lo:,.0f}-{ex_hi:,.0f}) examples/s, waiting {wait * 100:.2f}% "
+                                f"({wait_lo * 100:.2f}-{wait_hi * 100:.2f}%), CPU {cpu:.1f} ({cpu_lo:.1f}-{cpu_hi:.1f}) "
+                                "ms per step")  # fmt: skip
+            what = "pipeline alone" if mode == "pipeline" else f"accelerator model, {step_ms:.0f} ms step"
+            saves = ""
+            if adapter == "orbax":
+                blocked = max(r[h]["save_ms"] for r in rounds[mode, adapter] for h in range(hosts))
+                saves = f"; {rounds[mode, adapter][0][0]['saves']} saves per run, each blocking at most {blocked:.0f} ms"
+            line = f"{hosts} host{'s' if hosts > 1 else ''}, {adapter}, {what}: per host " + "; ".join(per_host) + saves
+            print(line, flush=True)
+            lines.append(line)
+            if adapter != "plain":
+                ratio = min(median(mode, adapter, h, "examples_s")[0] / median(mode, "plain", h, "examples_s")[0]
+                            for h in range(hosts))  # fmt: skip
+                verdicts.append((f"{adapter}, {what}, {hosts} host{'s' if hosts > 1 else ''}", ratio))
+    met = all(ratio >= 0.9 for _, ratio in verdicts)
+    lines.append(
+        "median examples/s relative to the plain iterator's, same model and hosts (the lower host): "
+        + "; ".join(f"{what} {ratio * 100:.0f}%" for what, ratio in verdicts)
+        + f". Target (within 10% of the plain iterator) {'met' if met else 'NOT met'}"
+    )
+    lines.append(
+        "waiting = time in next() of what the train loop iterates / wall time (orbax: save() runs in the step, "
+        "while the device of the accelerator model computes); CPU = the process's CPU time (every thread: reading, "
+        "the adapter, the train loop, orbax's writer) per step, the cost of an adapter whatever the load; "
+        "pipeline-alone rows measure capacity, which the other jobs on this shared 2-core machine make vary from "
+        "round to round (see the ranges)"
+    )
+    return lines
+
+
 def run_hosts(kind: str, mode: str, step_ms: float, args, url: str, hosts: int) -> list[dict]:
     """Starts ``hosts`` worker processes at once (host h pinned to core h when there are 2) and collects them."""
     workers = []
@@ -217,6 +392,8 @@ def run_hosts(kind: str, mode: str, step_ms: float, args, url: str, hosts: int) 
             str(args.lookahead),
             "--prefetch",
             str(args.prefetch),
+            "--checkpoint-params",
+            str(args.checkpoint_params),
         ]
         if hosts > 1:
             command = ["taskset", "-c", str(host % os.cpu_count()), *command]
@@ -252,6 +429,9 @@ def main() -> None:
     parser.add_argument("--prefetch", type=int, default=4)
     parser.add_argument("--port", type=int, default=18731)
     parser.add_argument("--write", action="store_true", help="write the figures to BENCHMARKS.md")
+    parser.add_argument("--ecosystem", action="store_true", help="orbax checkpointing, tf.data and Grain")
+    parser.add_argument("--checkpoint-params", type=int, default=10_000_000, help="float32 parameters saved")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the --ecosystem measurements")
     parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     from taskdata.config import Config
@@ -259,8 +439,11 @@ def main() -> None:
     args.cache_root = os.path.abspath(args.cache_root or Config.from_environment().cache_root)
     if args.worker:
         kind, mode, step_ms, host, hosts, url = args.worker
-        result = measure(kind, mode, float(step_ms), args, url, run_name(args.host_batch, int(hosts)), int(host),
-                         int(hosts))  # fmt: skip
+        run = run_name(args.host_batch, int(hosts))
+        if kind.startswith("eco-"):
+            result = measure_adapter(kind[4:], mode, float(step_ms), args, run, int(host), int(hosts))
+        else:
+            result = measure(kind, mode, float(step_ms), args, url, run, int(host), int(hosts))
         print(json.dumps(result))
         return
     target_ms = args.host_batch / 3200 * 1000
@@ -269,6 +452,11 @@ def main() -> None:
     host_counts = [int(h) for h in args.hosts.split(",")]
     for hosts in host_counts:
         ensure_run(args.cache_root, run_name(args.host_batch, hosts), args.host_batch * hosts, hosts)
+    if args.ecosystem:
+        lines = run_ecosystem(args)
+        if args.write:
+            write_section("Trainer client: orbax, tf.data and Grain", lines)
+        return
     server = start_server(args.cache_root, args.port)
     url = f"http://127.0.0.1:{args.port}"
     lines = [

@@ -21,8 +21,9 @@ Stages, each printed with its duration; a failure raises ``DrillError`` naming t
                    request without the token is refused and one with it sees the planned run.
   train-reference  one trainer process trains the whole run from the server (the reference batch log).
   train-preempted  four trainer processes (jax.distributed on 127.0.0.1) train from the server; one is
-                   SIGKILLed once step ``kill_at_step`` is logged; the others are given a few seconds
-                   to fail on their own, then stopped.
+                   SIGKILLed once step ``kill_at_step`` is logged; every other one must exit on its own
+                   within 60 s, non-zero, saying which process stopped and how to resume (when the
+                   killed one is process 0, JAX aborts them itself, with its own message).
   train-resumed    two trainer processes resume from the last checkpoint to the end and write validation
                    predictions to gs://BUCKET/predictions/; the combined batch log (last write per step
                    wins, as in the client's tests) must equal the reference's, step for step.
@@ -91,7 +92,7 @@ MODEL_ARGS = ("--d-model", "16", "--num-heads", "2", "--head-dim", "8", "--d-ff"
 BEAM_ARGS = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 10.0  # for a process asked to stop with SIGTERM
-SURVIVOR_SECONDS = 5.0  # for the other trainers to fail on their own after one was killed
+SURVIVOR_SECONDS = 60.0  # for every other trainer to exit on its own after one was killed
 
 
 class DrillError(RuntimeError):
@@ -581,7 +582,7 @@ class _Drill:
 
     def train_preempted(self) -> str:
         from trainer_client.example.batch_log import read_batch_log_lines
-        from trainer_client.example.checkpoint import list_checkpoints
+        from trainer_client.example.checkpoint import committed_steps
 
         c = self.config
         out = os.path.join(self.work, "elastic")
@@ -598,19 +599,35 @@ class _Drill:
         _poll(f"step {c.kill_step} in {log}", logged, self.deadline, all_alive)
         victim = group[c.kill_process]
         os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
         victim.wait(timeout=GRACE_SECONDS)
         last_logged = max(e["step"] for e in read_batch_log_lines(log))
-        # The others block in a collective with the dead process: they may fail on their own; what is
-        # left is killed, as a scheduler kills the rest of a job that lost a host (SIGTERM would not
-        # help: the trainer honours it at step boundaries, and they never reach the next one).
-        grace = time.monotonic() + SURVIVOR_SECONDS
-        while time.monotonic() < grace and any(p.poll() is None for p in group):
+        # The others are blocked in a collective with the dead process: each must notice and exit by itself.
+        exits: dict[int, float] = {}
+        while time.monotonic() - killed < SURVIVOR_SECONDS and len(exits) < HOSTS - 1:
+            for i, process in enumerate(group):
+                if process is not victim and i not in exits and process.poll() is not None:
+                    exits[i] = round(time.monotonic() - killed, 1)
             time.sleep(POLL_SECONDS)
         survivors = [p.pid for p in group if p.poll() is None]
         for process in group:
             self.processes.stop(process, term_first=False)
         codes = {i: p.returncode for i, p in enumerate(group)}
-        checkpoints = list_checkpoints(os.path.join(out, "ckpt"))
+        if survivors:
+            raise RuntimeError(
+                f"trainers {survivors} were still running {SURVIVOR_SECONDS:.0f} s after process {c.kill_process} was "
+                f"killed (exit codes {codes}): a lost peer must make every other process exit on its own."
+            )
+        checkpoints = committed_steps(os.path.join(out, "ckpt"))
+        for i in exits:
+            text = _tail(self.processes.log_path(f"train-preempted.{i}"), 1 << 20)
+            said = f"process {c.kill_process} of {HOSTS} stopped" in text and "To resume, start every process" in text
+            # Process 0 hosts JAX's coordination service: when it dies, JAX aborts the others at once.
+            if codes[i] == 0 or (c.kill_process != 0 and not said):
+                raise RuntimeError(
+                    f"trainer {i} exited {codes[i]} after process {c.kill_process} was killed, without saying which "
+                    f"process stopped and how to resume:\n{text[-2000:]}"
+                )
         if not checkpoints or checkpoints[-1] >= c.steps:
             raise RuntimeError(
                 f"after the kill at step {last_logged} the checkpoints are {checkpoints}: the kill must come after "
@@ -621,12 +638,12 @@ class _Drill:
             "killed_pid": victim.pid,
             "last_logged_step": last_logged,
             "exit_codes": codes,
-            "stopped_by_drill": survivors,
+            "exit_seconds": exits,
             "checkpoint": checkpoints[-1],
         }
         return (
-            f"{HOSTS} processes; process {c.kill_process} SIGKILLed after step {last_logged} was logged; exit codes "
-            f"{codes}; last checkpoint at step {checkpoints[-1]}"
+            f"{HOSTS} processes; process {c.kill_process} SIGKILLed after step {last_logged} was logged; the others "
+            f"exited on their own after {exits} s with codes {codes}; last checkpoint at step {checkpoints[-1]}"
         )
 
     def train_resumed(self) -> str:

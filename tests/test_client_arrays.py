@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 FORCE = "--xla_force_host_platform_device_count=4"
-# Must be set before JAX creates its CPU backend (no other test module uses JAX).
+# Must be set before JAX creates its CPU backend (test modules that use JAX create none at import).
 if FORCE not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FORCE).strip()
 
@@ -26,8 +26,8 @@ from trainer_client.arrays import (  # noqa: E402
 )
 from trainer_client.assignments import HostSlice  # noqa: E402
 from trainer_client.digest import batch_hash, row_digests  # noqa: E402
-from trainer_client.example.adam import AdamConfig, adam_specs, adam_update, init_adam  # noqa: E402
-from trainer_client.example.model import ModelConfig, init_params, loss_fn, param_specs  # noqa: E402
+from trainer_client.example.model import ModelConfig, init_params, loss_fn, param_shapes, param_specs  # noqa: E402
+from trainer_client.example.optimizer import init_opt_state, make_optimizer, opt_state_shardings  # noqa: E402
 from trainer_client.local_source import LocalAssignments  # noqa: E402
 from trainer_client.reading import BatchReader  # noqa: E402
 
@@ -87,21 +87,24 @@ def test_mesh_and_model_errors_name_the_fix(batches):
 
 
 def _train(batch, model, steps=10):
+    import optax
+
     mesh = make_mesh(model)
     config = ModelConfig(vocab_size=512, d_model=16, num_heads=2, head_dim=8, d_ff=32)
     p_specs = param_specs(config)
-    o_specs = adam_specs(p_specs)
     p_sh = {n: NamedSharding(mesh, s) for n, s in p_specs.items()}
-    o_sh = {n: NamedSharding(mesh, s) for n, s in o_specs.items()}
-    host = init_params(config, 0)
-    params = {n: jax.device_put(v, p_sh[n]) for n, v in host.items()}
-    opt = {n: jax.device_put(v, o_sh[n]) for n, v in init_adam(host).items()}
-    adam = AdamConfig(1e-2)
+    tx = make_optimizer(1e-2)
+    shapes = {n: jax.ShapeDtypeStruct(s, np.float32) for n, s in param_shapes(config).items()}
+    o_sh = opt_state_shardings(tx, p_sh, shapes, replicated(mesh))
+    params = {n: jax.device_put(v, p_sh[n]) for n, v in init_params(config, 0).items()}
+    opt = init_opt_state(tx, params, o_sh)
+    assert opt[0].mu["decoder.mlp.wi"].sharding == p_sh["decoder.mlp.wi"]
+    assert opt[0].count.sharding == replicated(mesh)
 
     def step(params, opt, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch, config)
-        params, opt = adam_update(params, grads, opt, adam)
-        return params, opt, loss
+        updates, opt = tx.update(grads, opt, params)
+        return optax.apply_updates(params, updates), opt, loss
 
     step_fn = jax.jit(
         step,

@@ -231,3 +231,20 @@ def test_batch_hash_depends_on_content_and_order_only(root):
 
 def _dirs(root):
     return {c.task: c.version_dir for c in CacheResolver(root).resolve_run(RunStore(root).get("mix4"))}
+
+
+def test_restore_moves_the_iterator_to_a_states_step_and_refuses_another_run(root):
+    uninterrupted = collect(local(root), HostSlice(3, 4), stop=12)
+    fingerprint = local(root).run_info().fingerprint
+    with DataIterator(local(root), LENGTHS, host_slice=HostSlice(3, 4), stop_step=12) as it:
+        next(it), next(it)  # and more read ahead, which the restore drops
+        with pytest.raises(ResumeError, match="belongs to a run with fingerprint 000"):
+            it.restore(DataState(2, "0" * 64))
+        assert it.state() == DataState(2, fingerprint), "a refused state changes nothing"
+        it.restore(DataState(9, fingerprint))
+        assert it.state() == DataState(9, fingerprint)
+        tail = [(b.step, b.features) for b in it]
+        it.restore(DataState(1, fingerprint))  # backwards too
+        assert next(it).step == 1
+    assert [s for s, _ in tail] == [9, 10, 11]
+    assert all(features_equal(a[1], b[1]) for a, b in zip(tail, uninterrupted[9:], strict=True))

@@ -1,4 +1,5 @@
-"""The example trainer as separate processes: batch hashes, SIGTERM/SIGKILL preemption, several hosts, elastic resume.
+"""The example trainer as separate processes: batch hashes, SIGTERM/SIGKILL preemption, several hosts, elastic resume,
+a lost host (every other process exits on its own, saying how to resume).
 
 Every trainer is a ``python -m trainer_client.example.train`` process stopped by its pid when the test ends;
 each wait is bounded. The reference for every comparison is the global batch one process builds with
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -26,7 +28,7 @@ from tests.client_helpers import (
     wait_for_log_step,
 )
 from trainer_client.example.batch_log import read_batch_log, read_batch_log_lines
-from trainer_client.example.checkpoint import latest_checkpoint, list_checkpoints
+from trainer_client.example.checkpoint import committed_steps
 
 STARTUP = 180  # seconds a trainer may take to start, compile and finish its steps on a loaded 2-core machine
 
@@ -107,7 +109,7 @@ def test_preempted_run_equals_the_uninterrupted_one(root, jax_cache, tmp_path):
             code = trainer.wait(STARTUP)
         assert code in ((0,) if signum == signal.SIGTERM else (-signal.SIGKILL, 0)), f"kill {i}: exit {code}"
         if signum == signal.SIGTERM:
-            assert latest_checkpoint(str(run_dir / "ckpt")).step == max(hashes(log)) + 1, f"kill {i}"
+            assert committed_steps(str(run_dir / "ckpt"))[-1] == max(hashes(log)) + 1, f"kill {i}"
     assert max(hashes(log)) < total - 1, "the kills all happened before the end of the run"
     with trainers([Trainer(args, stderr_path=str(run_dir / "err"))]) as (last,):
         last.check(STARTUP)
@@ -143,7 +145,7 @@ def test_two_hosts_build_the_single_process_batches_and_stop_together_on_sigterm
             group[1].signal(signal.SIGTERM)  # only process 1 is told; process 0 writes log and checkpoint
             for trainer in group:
                 trainer.check(STARTUP)
-        assert list_checkpoints(str(tmp_path / "ckpt")) == [max(hashes(log)) + 1]
+        assert committed_steps(str(tmp_path / "ckpt")) == [max(hashes(log)) + 1]
         assert max(hashes(log)) + 1 < steps, "the run was stopped before its end"
         group = start()
         with trainers(group):
@@ -172,6 +174,86 @@ def test_four_hosts_build_the_single_process_batches_and_two_hosts_resume_them(r
             with trainers(group):
                 for trainer in group:
                     trainer.check(STARTUP)
-            assert latest_checkpoint(str(tmp_path / "ckpt")).step == steps
+            assert committed_steps(str(tmp_path / "ckpt"))[-1] == steps
     assert [e["step"] for e in read_batch_log_lines(log)] == list(range(20))
     assert hashes(log) == expected
+
+
+PEER_EXIT = 60  # seconds within which every survivor of a lost process must have exited on its own
+
+
+def exits_after(group: list[Trainer], since: float, limit: float) -> dict[int, tuple[int, float]]:
+    """Process index -> (exit code, seconds after ``since``) for every trainer of ``group``, waiting at most ``limit``."""
+    ended: dict[int, tuple[int, float]] = {}
+    while len(ended) < len(group) and time.monotonic() - since < limit:
+        for i, trainer in enumerate(group):
+            code = trainer.process.poll()
+            if i not in ended and code is not None:
+                ended[i] = (code, time.monotonic() - since)
+        time.sleep(0.05)
+    return ended
+
+
+@pytest.mark.slow
+def test_when_one_of_four_hosts_is_killed_every_other_one_exits_on_its_own_saying_how_to_resume(
+    root, jax_cache, tmp_path
+):
+    """4 processes; process 2 is SIGKILLed mid-run. The others block in a collective with it: each must exit
+    by itself, non-zero, within 60 s, saying which process stopped and how to resume; the last committed
+    checkpoint then resumes (on one process) to the batches of the uninterrupted run."""
+    log = str(tmp_path / "log.jsonl")
+    data = ["--cache-root", root, "--run", "mix4"]
+    args = [*trainer_args(data, tmp_path, 1000, jax_cache, every=2), "--peer-timeout", "10"]
+    group = [
+        Trainer([*args, *extra], devices=2, stderr_path=str(tmp_path / f"err{i}"))
+        for i, extra in enumerate(multi_host_args(4, free_port()))
+    ]
+    with trainers(group):
+        wait_for_log_step(log, 5, group[0], STARTUP)
+        group[2].signal(signal.SIGKILL)
+        killed = time.monotonic()
+        ended = exits_after(group, killed, PEER_EXIT)
+    assert sorted(ended) == [0, 1, 2, 3], f"still running {PEER_EXIT} s after the kill: {set(range(4)) - set(ended)}"
+    assert ended[2][0] == -signal.SIGKILL
+    checkpoint = committed_steps(str(tmp_path / "ckpt"))[-1]
+    for i in (0, 1, 3):
+        code, seconds = ended[i]
+        error = (tmp_path / f"err{i}").read_text()
+        assert code == 1 and seconds < PEER_EXIT, f"process {i}: exit {code} after {seconds:.1f} s\n{error[-2000:]}"
+        assert "taskdata: process 2 of 4 stopped (no heartbeat for 10 s" in error, error[-2000:]
+        assert (
+            f"start every process again with the same arguments (any number of processes): training goes on "
+            f"from the last committed checkpoint, step {checkpoint} in {tmp_path / 'ckpt'}"
+        ) in error
+    assert 2 <= checkpoint <= max(hashes(log)) + 1
+
+    resume = trainer_args(data, tmp_path, checkpoint + 2, jax_cache, every=2)
+    with trainers([Trainer(resume, stderr_path=str(tmp_path / "resumed"))]) as (trainer,):
+        trainer.check(STARTUP)
+    assert f"resuming at step {checkpoint} " in (tmp_path / "resumed").read_text()
+    assert hashes(log) == reference_hashes(root, "mix4", range(checkpoint + 2))
+
+
+@pytest.mark.slow
+def test_a_process_that_fails_with_an_error_stops_its_peers_at_once(root, jax_cache, tmp_path):
+    """Process 0 fails after training (its predictions cannot be written) while process 1 waits for it in a
+    barrier: both exit with code 1 and the failure's message, well before JAX's shutdown barrier times out."""
+    data = ["--cache-root", root, "--run", "mix4"]
+    args = [
+        *trainer_args(data, tmp_path, 2, jax_cache, every=2),
+        "--predictions-out", str(tmp_path / "missing" / "file" / "preds.jsonl"),
+        "--module", "tests.cache_tasks", "--predict-examples", "2",
+    ]  # fmt: skip
+    (tmp_path / "missing").write_text("a file where a folder should be")
+    group = [
+        Trainer([*args, *extra], devices=2, stderr_path=str(tmp_path / f"err{i}"))
+        for i, extra in enumerate(multi_host_args(2, free_port()))
+    ]
+    with trainers(group):
+        ended = exits_after(group, time.monotonic(), STARTUP)
+    assert {i: code for i, (code, _) in ended.items()} == {0: 1, 1: 1}
+    assert abs(ended[0][1] - ended[1][1]) < 10, ended
+    for i in (0, 1):
+        error = (tmp_path / f"err{i}").read_text()
+        assert "taskdata: process 0 of 2 failed with " in error, error[-2000:]
+        assert f"training goes on from the last committed checkpoint, step 2 in {tmp_path / 'ckpt'}" in error

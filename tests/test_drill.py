@@ -73,6 +73,8 @@ def test_small_drill_passes_every_stage_and_leaves_no_process(tmp_path):
     )  # 2 splits x 4 shards x (shard + offsets) + 6 metadata files
     preempted, resumed = facts["preempted"], facts["resumed"]
     assert preempted["killed_process"] == 2 and preempted["exit_codes"][2] == -9
+    assert {i: preempted["exit_codes"][i] for i in (0, 1, 3)} == {0: 1, 1: 1, 3: 1}, "each said why (checked)"
+    assert sorted(preempted["exit_seconds"]) == [0, 1, 3] and max(preempted["exit_seconds"].values()) < 60
     assert 3 <= preempted["checkpoint"] <= preempted["last_logged_step"] + 1 < 12
     assert resumed["from_step"] == preempted["checkpoint"]
     evaluation = facts["eval"]

@@ -3,6 +3,11 @@
 Data path (no JAX needed): ``ServerAssignments`` / ``LocalAssignments`` -> ``DataIterator`` ->
 ``ClientBatch``. JAX side: ``make_mesh``, ``host_slice``, ``global_batch``, ``gather_batch_hash``.
 The example trainer is ``python -m trainer_client.example.train``.
+
+In the stacks trainers use (imported from their modules, which need those libraries): the data state
+as an orbax checkpoint item (``trainer_client.orbax_state``), a run as a ``tf.data.Dataset``
+(``trainer_client.tfdata``) or a Grain dataset (``trainer_client.grain_dataset``), and the watchdog
+that ends every process of a ``jax.distributed`` job when one stops (``trainer_client.peers``).
 """
 
 from trainer_client.assignments import (

@@ -89,14 +89,11 @@ class DataIterator:
         self._source = source
         self.info: RunInfo = source.run_info()
         if isinstance(start, DataState):
-            if start.fingerprint != self.info.fingerprint:
+            try:
+                self._check_run(start)
+            except ResumeError:
                 source.close()
-                raise ResumeError(
-                    f"The checkpoint's data state belongs to a run with fingerprint {start.fingerprint}, but run "
-                    f"{self.info.name!r} has fingerprint {self.info.fingerprint}: its batches would differ from "
-                    "the ones the checkpoint was trained on. Resume against the run the checkpoint was made "
-                    "with, or start a new training run from step 0 deliberately."
-                )
+                raise
             first = start.step
         elif isinstance(start, int) and not isinstance(start, bool) and start >= 0:
             first = start
@@ -112,11 +109,15 @@ class DataIterator:
         self._stop_step = stop_step
         self._reader = BatchReader(self.info, lengths, verify_crc=verify_crc)
         self._lookahead = lookahead
-        self._instructions: queue.Queue[Any] = queue.Queue(maxsize=lookahead)
-        self._batches: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
-        self._stopping = threading.Event()
+        self._prefetch = prefetch
         self.waited_seconds = 0.0
         self.delivered = 0
+        self._start_threads(first)
+
+    def _start_threads(self, first: int) -> None:
+        self._instructions: queue.Queue[Any] = queue.Queue(maxsize=self._lookahead)
+        self._batches: queue.Queue[Any] = queue.Queue(maxsize=self._prefetch)
+        self._stopping = threading.Event()
         self._threads = [
             threading.Thread(
                 target=self._guard,
@@ -131,9 +132,37 @@ class DataIterator:
         for thread in self._threads:
             thread.start()
 
+    def _check_run(self, state: DataState) -> None:
+        if state.fingerprint != self.info.fingerprint:
+            raise ResumeError(
+                f"The checkpoint's data state belongs to a run with fingerprint {state.fingerprint}, but run "
+                f"{self.info.name!r} has fingerprint {self.info.fingerprint}: its batches would differ from "
+                "the ones the checkpoint was trained on. Resume against the run the checkpoint was made "
+                "with, or start a new training run from step 0 deliberately."
+            )
+
     def state(self) -> DataState:
         """The state to checkpoint after training every batch delivered so far."""
         return DataState(self._next_step, self.info.fingerprint)
+
+    def restore(self, state: DataState) -> None:
+        """Goes on from ``state`` as if built with ``start=state`` (what a checkpoint restore calls).
+
+        A state of another run is refused with the same ``ResumeError`` as at construction, and the
+        iterator is left as it was. Batches read ahead for the old position are dropped.
+        """
+        if not isinstance(state, DataState):
+            raise ResumeError(f"restore takes a DataState but got {state!r}.")
+        self._check_run(state)
+        stuck = self._stop_threads()
+        if stuck:
+            # The source and the reader serve one thread each: never start others beside these.
+            raise RuntimeError(
+                f"Threads {stuck} did not stop within 10 s (a read or request that hangs), so the iterator "
+                f"cannot move to step {state.step}. Build a new DataIterator with start=state instead."
+            )
+        self._next_step = state.step
+        self._start_threads(state.step)
 
     def __iter__(self) -> DataIterator:
         return self
@@ -157,6 +186,14 @@ class DataIterator:
         return item
 
     def close(self) -> None:
+        self._stop_threads()
+        # A next() waiting in another thread (tf.data's, say) gets this instead of waiting forever.
+        self._batches.put(RuntimeError("The DataIterator was closed; build a new one to read on."))
+        self._reader.close()
+        self._source.close()
+
+    def _stop_threads(self) -> list[str]:
+        """Stops the background threads; the names of those that did not stop within 10 s."""
         self._stopping.set()
         for q in (self._instructions, self._batches):
             try:
@@ -166,8 +203,7 @@ class DataIterator:
                 pass
         for thread in self._threads:
             thread.join(timeout=10)
-        self._reader.close()
-        self._source.close()
+        return [thread.name for thread in self._threads if thread.is_alive()]
 
     def __enter__(self) -> DataIterator:
         return self

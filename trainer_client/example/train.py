@@ -9,11 +9,18 @@ Several hosts: start one process per host with ``--coordinator HOST:PORT --num-p
 mesh: ``--model-axis`` devices per model replica) and the train step is one ``jax.jit`` with explicit
 in/out shardings over the (data, model) mesh.
 
-Checkpoints hold parameters, Adam state, the step and the run fingerprint (``trainer_client.
-checkpoint``), every ``--checkpoint-every`` steps and at the end. SIGTERM makes every host stop at
+The optimizer is optax's Adam. Checkpoints are orbax steps holding parameters, optimizer state and
+the data state (next step + run fingerprint; ``trainer_client.example.checkpoint``), written
+asynchronously every ``--checkpoint-every`` steps and at the end. SIGTERM makes every host stop at
 the same step boundary (the hosts agree on it at every step), checkpoint and exit 0; a restart with
-the same arguments resumes at that exact step, on the same or another number of hosts. The log gets
-one JSON line per step with the hash of the global batch as assembled across hosts.
+the same arguments resumes at that exact step, on the same or another number of hosts; after a
+SIGKILL it resumes at the last committed checkpoint. The log gets one JSON line per step with the
+hash of the global batch as assembled across hosts.
+
+No host is left hanging: when one of several processes stops (killed, crashed, host lost), every
+other one exits with code 1 within about ``--peer-timeout`` seconds, saying which process stopped
+and how to resume (``trainer_client.peers``); a process that fails with an error stops the others
+the same way instead of leaving them blocked until JAX's shutdown barrier times out.
 
 With ``--predictions-out FILE``, a run that reaches ``--steps`` (also a restart with nothing left to
 train) then has process 0 greedily decode the ``targets`` of the first ``--predict-examples`` examples
@@ -27,6 +34,7 @@ import argparse
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.add_argument(
         "--init-timeout", type=int, default=60, help="seconds to wait for every process to join"
     )
+    hosts.add_argument(
+        "--peer-timeout",
+        type=float,
+        default=10.0,
+        help="seconds without a peer's heartbeat before every other process exits (several processes)",
+    )
     return p
 
 
@@ -136,6 +150,10 @@ def _initialize_distributed(args: argparse.Namespace) -> None:
         num_processes=args.num_processes,
         process_id=args.process_id,
         initialization_timeout=args.init_timeout,
+        # Backstops behind the peer watchdog: JAX aborts a process whose peer missed heartbeats this
+        # long (default 100 s), and bounds the shutdown barrier (default 300 s).
+        heartbeat_timeout_seconds=int(args.peer_timeout * 3) + 10,
+        shutdown_timeout_seconds=30,
     )
 
 
@@ -159,14 +177,11 @@ def _to_host(tree: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _place(values: dict[str, Any], specs: dict[str, Any], mesh: Any) -> dict[str, Any]:
+def _place(values: dict[str, Any], shardings: dict[str, Any]) -> dict[str, Any]:
     import jax
-    from jax.sharding import NamedSharding
 
     return {
-        name: jax.make_array_from_callback(
-            value.shape, NamedSharding(mesh, specs[name]), lambda i, v=value: v[i]
-        )
+        name: jax.make_array_from_callback(value.shape, shardings[name], lambda i, v=value: v[i])
         for name, value in values.items()
     }
 
@@ -238,10 +253,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     stop = _StopRequest()
     _initialize_distributed(args)
+    if args.coordinator is None:
+        return _train(args, stop)
+    from trainer_client.example.checkpoint import committed_steps
+    from trainer_client.peers import PeerWatchdog
 
+    def resume_hint() -> str:
+        steps = committed_steps(args.checkpoint_dir)
+        where = f"step {steps[-1]} in {args.checkpoint_dir}" if steps else f"step 0 (none in {args.checkpoint_dir})"
+        return (
+            "To resume, start every process again with the same arguments (any number of processes): "
+            f"training goes on from the last committed checkpoint, {where}."
+        )
+
+    watchdog = PeerWatchdog(resume_hint, timeout=args.peer_timeout).start()
+    try:
+        code = _train(args, stop)
+    except BaseException as error:
+        # Leave at once (os._exit): a normal exit would wait in jax.distributed's shutdown barrier for
+        # peers blocked in a collective with this process, so nobody would stop until its timeout.
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        finally:
+            watchdog.fail(error)
+    watchdog.stop()
+    return code
+
+
+def _train(args: argparse.Namespace, stop: _StopRequest) -> int:
     import jax
     import numpy as np
+    import optax
     from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding
 
     from trainer_client.arrays import (
         batch_sharding,
@@ -251,10 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         make_mesh,
         replicated,
     )
-    from trainer_client.example.adam import AdamConfig, adam_specs, adam_update, init_adam
+    from trainer_client.example import checkpoint
     from trainer_client.example.batch_log import BatchLog
-    from trainer_client.example.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
     from trainer_client.example.model import ModelConfig, init_params, loss_fn, param_shapes, param_specs
+    from trainer_client.example.optimizer import init_opt_state, make_optimizer, opt_state_shardings
     from trainer_client.iterator import DataIterator, DataState
 
     if args.compilation_cache:
@@ -264,34 +309,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     mesh = make_mesh(args.model_axis)
     config = ModelConfig(args.vocab_size, args.d_model, args.num_heads, args.head_dim, args.d_ff)
     config.check_model_axis(mesh.shape["model"])
-    adam = AdamConfig(args.learning_rate)
-    p_specs = param_specs(config)
-    o_specs = adam_specs(p_specs)
+    tx = make_optimizer(args.learning_rate)
+    p_shardings = {n: NamedSharding(mesh, s) for n, s in param_specs(config).items()}
+    shapes = {n: jax.ShapeDtypeStruct(shape, np.float32) for n, shape in param_shapes(config).items()}
+    o_shardings = opt_state_shardings(tx, p_shardings, shapes, replicated(mesh))
+    manager = checkpoint.checkpoint_manager(args.checkpoint_dir, args.keep)
 
-    # Process 0 picks the checkpoint and every process loads that one (they share the directory).
-    steps = list_checkpoints(args.checkpoint_dir) if first_process else []
-    chosen = int(multihost_utils.broadcast_one_to_all(np.int64(steps[-1] if steps else -1)))
+    # Process 0 picks the checkpoint and every process restores that one (they share the directory).
+    latest = manager.latest_step() if first_process else None
+    chosen = int(multihost_utils.broadcast_one_to_all(np.int64(-1 if latest is None else latest)))
     start: int | DataState = 0
     if chosen >= 0:
-        checkpoint = latest_checkpoint(args.checkpoint_dir, chosen)
-        assert checkpoint is not None
-        host_params = {
-            k[len("params/") :]: v for k, v in checkpoint.arrays.items() if k.startswith("params/")
-        }
-        host_opt = {k[len("opt/") :]: v for k, v in checkpoint.arrays.items() if k.startswith("opt/")}
-        saved = {name: tuple(value.shape) for name, value in host_params.items()}
+        saved = checkpoint.saved_param_shapes(manager, chosen)
         if saved != param_shapes(config):
             raise SystemExit(
-                f"The checkpoint of step {checkpoint.step} in {args.checkpoint_dir} holds parameters of another "
-                f"model ({len(saved)} arrays, embed {saved.get('embed')}) than the flags describe "
-                f"(embed {param_shapes(config)['embed']}). Pass the model flags it was trained with."
+                f"The checkpoint of step {chosen} in {args.checkpoint_dir} holds parameters of another model "
+                f"({len(saved)} arrays, embed {saved.get('embed')}) than the flags describe (embed "
+                f"{param_shapes(config)['embed']}). Pass the model flags it was trained with."
             )
-        start = checkpoint.data
-        print(f"resuming at step {checkpoint.step} from {args.checkpoint_dir}", file=sys.stderr)
+        abstract = {
+            "params": {n: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p_shardings[n]) for n, s in shapes.items()},
+            "opt_state": jax.tree.map(
+                lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                jax.eval_shape(tx.init, shapes),
+                o_shardings,
+            ),
+        }
+        restored, start = checkpoint.restore(manager, chosen, abstract)
+        params, opt_state = restored["params"], restored["opt_state"]
+        print(f"resuming at step {chosen} from {args.checkpoint_dir}", file=sys.stderr)
     else:
-        host_params = init_params(config, args.seed)
-        host_opt = init_adam(host_params)
-    params, opt = _place(host_params, p_specs, mesh), _place(host_opt, o_specs, mesh)
+        params = _place(init_params(config, args.seed), p_shardings)
+        opt_state = init_opt_state(tx, params, o_shardings)
 
     source = _source(args)
     if args.predictions_out:
@@ -310,13 +359,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_step=args.steps,
     )
 
-    def train_step(params: Any, opt: Any, batch: Any) -> Any:
+    def train_step(params: Any, opt_state: Any, batch: Any) -> Any:
         loss, grads = jax.value_and_grad(loss_fn)(params, batch, config)
-        params, opt = adam_update(params, grads, opt, adam)
-        return params, opt, loss
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
 
-    p_shardings = {n: jax.sharding.NamedSharding(mesh, s) for n, s in p_specs.items()}
-    o_shardings = {n: jax.sharding.NamedSharding(mesh, s) for n, s in o_specs.items()}
     data_sharding = {name: batch_sharding(mesh) for name in lengths}
     step_fn = jax.jit(
         train_step,
@@ -325,18 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         donate_argnums=(0, 1),
     )
     log = BatchLog(args.log) if args.log and first_process else None
-
-    def checkpoint_now() -> None:
-        arrays = {f"params/{k}": v for k, v in _to_host(params).items()}
-        arrays.update({f"opt/{k}": v for k, v in _to_host(opt).items()})
-        state = iterator.state()
-        if first_process:
-            save_checkpoint(
-                args.checkpoint_dir, state.step, iterator.info.name, state, arrays, keep=args.keep
-            )
-        if jax.process_count() > 1:
-            multihost_utils.sync_global_devices(f"checkpoint {state.step}")
-
+    finished = False
     try:
         for batch in iterator:
             if batch.skipped:
@@ -351,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         )
                 arrays = global_batch(batch, mesh)
                 digest = gather_batch_hash(arrays)
-                params, opt, loss = step_fn(params, opt, arrays)
+                params, opt_state, loss = step_fn(params, opt_state, arrays)
                 entry = {
                     "step": batch.step,
                     "hash": digest,
@@ -363,17 +399,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             next_step = batch.step + 1
             stopping = _any_process(stop.requested)
             if stopping or next_step % args.checkpoint_every == 0 or next_step == args.steps:
-                checkpoint_now()
+                checkpoint.save(manager, {"params": params, "opt_state": opt_state}, iterator.state())
             if stopping:
+                manager.wait_until_finished()
                 print(f"stopped by SIGTERM; checkpointed step {next_step}", file=sys.stderr)
+                finished = True
                 return 0
+        manager.wait_until_finished()
         if args.predictions_out:
             _predict(args, params, config, lengths)
+        finished = True
         return 0
     finally:
         iterator.close()
         if log is not None:
             log.close()
+        # After an error, one process commits what it saved; several leave through os._exit (see main),
+        # since closing waits at barriers that peers blocked elsewhere would never reach.
+        if finished or jax.process_count() == 1:
+            manager.close()
 
 
 if __name__ == "__main__":

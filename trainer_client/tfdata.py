@@ -1,0 +1,111 @@
+"""A run as a ``tf.data.Dataset``: this host's padded numpy batches, step by step, resumable at any step.
+
+    ds = tf_dataset(ServerAssignments(url, "c4_sc"), {"inputs": 512, "targets": 114},
+                    start=state, host_slice=HostSlice(jax.process_index(), jax.process_count()))
+    for batch in ds.as_numpy_iterator():   # {"inputs": int32 [rows, 512], "targets": ..., "step": int64}
+        ...                                # checkpoint DataState(int(batch["step"]) + 1, fingerprint)
+
+For input pipelines written in tf.data (the HF TF/TPU language-model recipe, t5x's dataset functions):
+each element is one step's host batch, exactly what ``DataIterator`` yields for that step, plus its
+``step``. A step that the plan skips yields no element. The dataset wraps a ``DataIterator`` built
+here, so a start state of another run fails here with its ``ResumeError``; the iterator reads ahead
+in its own threads, and the dataset, a range of steps mapped in order through ``tf.numpy_function``,
+hands each step's batch to TensorFlow (cheaper than ``from_generator``, whose end of stream also
+stalled for seconds on a one-core host in ``bench/bench_client.py``).
+
+Resuming is by step: build the dataset again with ``start=DataState(k, fingerprint)`` (tf.data
+cannot checkpoint an iterator whose elements come from Python). Since tf.data may read ahead of the
+train step (``prefetch``), the state to save is the step of the last element trained on, plus one.
+The dataset owns its source and can be iterated once; build another one to read again.
+
+TensorFlow is imported when ``tf_dataset`` is called: the rest of ``trainer_client`` works without it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from trainer_client.assignments import AssignmentSource, HostSlice
+from trainer_client.iterator import DataIterator, DataState
+
+__all__ = ["STEP_KEY", "tf_dataset"]
+
+STEP_KEY = "step"
+
+
+def tf_dataset(
+    source: AssignmentSource,
+    lengths: Mapping[str, int],
+    *,
+    start: int | DataState = 0,
+    host_slice: HostSlice | None = None,
+    stop_step: int | None = None,
+    lookahead: int = 16,
+    prefetch: int = 4,
+    verify_crc: bool = True,
+) -> Any:
+    """A ``tf.data.Dataset`` of this host's batches from ``start`` (arguments as for ``DataIterator``)."""
+    import tensorflow as tf
+
+    if STEP_KEY in lengths:
+        raise ValueError(
+            f"A feature cannot be named {STEP_KEY!r} in a tf.data element: that key holds the step. Rename the "
+            "feature in the task's output features."
+        )
+    iterator = DataIterator(
+        source,
+        lengths,
+        start=start,
+        host_slice=host_slice,
+        lookahead=lookahead,
+        prefetch=prefetch,
+        stop_step=stop_step,
+        verify_crc=verify_crc,
+    )
+    schedule = iterator.info.plan.schedule
+    rows = schedule.end // iterator.host_slice.count if schedule.is_constant else None
+    names = list(lengths)
+    first = iterator.state().step
+
+    def read(step: np.int64) -> list[np.ndarray]:
+        # Called once per step, in order (a sequential map): the iterator's next batch is that step's.
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            batch = None
+        if batch is None or batch.step != step:
+            raise RuntimeError(
+                "A taskdata tf.data dataset is read once (it owns its source and iterator). Build another "
+                "one with tf_dataset(..., start=DataState(step, fingerprint)) to read again from any step."
+            )
+        if stop_step is not None and batch.step + 1 >= stop_step:
+            iterator.close()
+        if batch.skipped:  # filtered out below: the arrays only have to fit the element's shapes
+            return [np.zeros((rows or 0, lengths[name]), np.int32) for name in names] + [np.bool_(False)]
+        return [batch.features[name] for name in names] + [np.bool_(True)]
+
+    def element(step: Any) -> tuple[dict[str, Any], Any]:
+        *arrays, trained = tf.numpy_function(read, [step], [tf.int32] * len(names) + [tf.bool], stateful=True)
+        features = {n: tf.ensure_shape(a, (rows, lengths[n])) for n, a in zip(names, arrays, strict=True)}
+        return {**features, STEP_KEY: step}, trained
+
+    # A dataset abandoned before its end may leave tf.data's thread waiting in read(): closing the
+    # iterator before the interpreter's teardown ends that wait, so that the exit does not hang.
+    atexit.register(_close_at_exit, weakref.ref(iterator))
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = False  # read() takes the steps in order
+    steps = tf.data.Dataset.counter(first) if stop_step is None else tf.data.Dataset.range(first, stop_step)
+    # A plan may skip a step's data: that step yields no element.
+    dataset = steps.map(element).filter(lambda _, trained: trained).map(lambda batch, _: batch)
+    return dataset.with_options(options)
+
+
+def _close_at_exit(iterator: weakref.ref[DataIterator]) -> None:
+    alive = iterator()
+    if alive is not None:
+        alive.close()
