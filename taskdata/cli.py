@@ -339,7 +339,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         raise ValueError("Name what to cache: --task NAME, or --seqio-task NAME / --seqio-mixture NAME with the "
                          "--module that registers it in seqio.")
     registry = _registry(args)
-    names = []
+    names: list[str] = []
     for given in [args.task] if args.task is not None else [*args.seqio_task, *args.seqio_mixture]:
         item = registry.get(given)
         names.extend(item.task_names if isinstance(item, Mixture) else [item.name])
@@ -568,7 +568,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         # where it is installed. No WebSocket route exists, so no upgrade is accepted.
         http=limited_protocol(settings),
         ws="none",
-        timeout_keep_alive=settings.keep_alive_seconds,
+        # uvicorn annotates int, but only hands it to loop.call_later, which takes float seconds.
+        timeout_keep_alive=settings.keep_alive_seconds,  # type: ignore[arg-type]
     )
     return 0
 

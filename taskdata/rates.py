@@ -29,7 +29,8 @@ def parse_rate(rate: object, what: str) -> Fraction:
             raise ValueError(f"{what} must be a finite number but got {rate!r}.")
         value = Fraction(repr(float(rate)))  # float() first: numpy's float64 prints as 'np.float64(...)'
     elif isinstance(rate, numbers.Rational):  # int, Fraction, numpy integers
-        value = Fraction(rate.numerator, rate.denominator)
+        # int(): numpy integers would otherwise stay the Fraction's numerator and overflow in arithmetic.
+        value = Fraction(int(rate.numerator), int(rate.denominator))
     elif isinstance(rate, decimal.Decimal):
         if not rate.is_finite():
             raise ValueError(f"{what} must be a finite number but got {rate!r}.")

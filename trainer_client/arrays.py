@@ -62,7 +62,7 @@ def host_slice(mesh: Mesh, process_index: int | None = None) -> HostSlice:
     process = jax.process_index() if process_index is None else process_index
     grid = mesh.devices
     axis = mesh.axis_names.index(DATA_AXIS)
-    mine = sorted({int(i[axis]) for i in np.ndindex(grid.shape) if grid[i].process_index == process})
+    mine = sorted({int(i[axis]) for i in np.ndindex(grid.shape) if grid.item(i).process_index == process})
     size = grid.shape[axis]
     if not mine:
         raise ValueError(f"Process {process} has no device in the mesh; every process must hold a slice.")

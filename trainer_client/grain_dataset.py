@@ -48,7 +48,7 @@ class RunDatasetIterator(grain.DatasetIterator):
         super().__init__()
         self._iterator = iterator
 
-    def __next__(self) -> dict[str, np.ndarray]:
+    def __next__(self) -> dict[str, np.ndarray | np.int64]:
         self._assert_not_closed()
         while True:
             batch = next(self._iterator)

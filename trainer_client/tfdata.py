@@ -72,7 +72,7 @@ def tf_dataset(
     names = list(lengths)
     first = iterator.state().step
 
-    def read(step: np.int64) -> list[np.ndarray]:
+    def read(step: np.int64) -> list[np.ndarray | np.bool_]:
         # Called once per step, in order (a sequential map): the iterator's next batch is that step's.
         try:
             batch = next(iterator)

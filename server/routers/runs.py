@@ -16,13 +16,14 @@ __all__ = ["router"]
 
 router = APIRouter(tags=["runs"])
 
-_AUTH = {401: {"model": ErrorResponse, "description": "Missing or invalid bearer token."}}
-_NAME_ERRORS = {
+# FastAPI's type of a route's extra OpenAPI responses (free-form JSON objects).
+_AUTH: dict[int | str, dict[str, Any]] = {401: {"model": ErrorResponse, "description": "Missing or invalid bearer token."}}
+_NAME_ERRORS: dict[int | str, dict[str, Any]] = {
     **_AUTH,
     400: {"model": ErrorResponse, "description": "Invalid run name."},
     404: {"model": ErrorResponse, "description": "Unknown run."},
 }
-_CREATE_ERRORS = {
+_CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
     **_AUTH,
     400: {"model": ErrorResponse, "description": "A plan that breaks a rule (the message says which)."},
     404: {"model": ErrorResponse, "description": "Unknown task or mixture."},

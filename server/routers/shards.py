@@ -11,6 +11,7 @@ to ``(h + 1) * D / H - 1`` as one slice, computed as such (not glued from data s
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -29,7 +30,8 @@ __all__ = ["router"]
 router = APIRouter(tags=["shards"])
 _RETRY_AFTER_SECONDS = 5
 
-_ERRORS = {
+# FastAPI's type of a route's extra OpenAPI responses (free-form JSON objects).
+_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {
         "model": ErrorResponse,
         "description": "A parameter outside what the run allows (the message says which).",

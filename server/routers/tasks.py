@@ -15,7 +15,8 @@ __all__ = ["router"]
 
 router = APIRouter(tags=["tasks"])
 
-_AUTH = {401: {"model": ErrorResponse, "description": "Missing or invalid bearer token."}}
+# FastAPI's type of a route's extra OpenAPI responses (free-form JSON objects).
+_AUTH: dict[int | str, dict[str, Any]] = {401: {"model": ErrorResponse, "description": "Missing or invalid bearer token."}}
 
 
 @router.get("/tasks", response_model=TaskList, responses=_AUTH, summary="Registered tasks and mixtures")

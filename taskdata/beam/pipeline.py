@@ -18,8 +18,9 @@ import hashlib
 import json
 import logging
 import os
+import types
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from taskdata.cache.format import offsets_name, shard_name
 from taskdata.fingerprint import canonical_json
 
 
-def _import_beam():  # type: ignore[no-untyped-def]
+def _import_beam() -> types.ModuleType:
     # Beam warns on import that the optional GCP client libraries (apitools) are missing; the cache
     # job never uses them (gs:// goes through gcsfs), so the warning would only alarm users.
     root = logging.getLogger()
@@ -42,7 +43,10 @@ def _import_beam():  # type: ignore[no-untyped-def]
         root.setLevel(level)
 
 
-beam = _import_beam()
+if TYPE_CHECKING:  # the checker reads Beam's own annotations (DoFn, PTransform...)
+    import apache_beam as beam
+else:
+    beam = _import_beam()
 
 __all__ = ["CacheJobSpec", "build_cache_pipeline", "encode_cache_record", "feature_info"]
 
@@ -240,7 +244,7 @@ def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: in
 class _HashingFile:
     """A write-only file wrapper that hashes and counts what passes through it."""
 
-    def __init__(self, f: Any, digest: Any):
+    def __init__(self, f: IO[bytes], digest: Any):
         self._f = f
         self._digest = digest
         self.written = 0

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 from collections.abc import Iterator, Sequence
-from typing import IO, Any
+from typing import IO, Protocol
 
 import google_crc32c
 import numpy as np
@@ -74,7 +74,7 @@ class CorruptRecordError(ValueError):
         )
 
 
-def masked_crc32c(data: Any) -> int:
+def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
     """TFRecord's masked CRC32C of a bytes-like object (rotated and offset, as TensorFlow does)."""
     return _mask(_crc32c(data))
 
@@ -116,13 +116,19 @@ def frame_record(data: bytes) -> bytes:
     return b"".join((length, _CRC.pack(masked_crc32c(length)), data, _CRC.pack(masked_crc32c(data))))
 
 
+class _BinaryOutput(Protocol):
+    """What ``TFRecordWriter`` writes to: a binary file, or a wrapper of one (the cache job's hashing file)."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+
 class TFRecordWriter:
     """Writes framed records to a binary file object and remembers where each one starts and its CRC.
 
     Offsets count from the writer's first byte, so ``fileobj`` should be empty (a fresh shard).
     """
 
-    def __init__(self, fileobj: IO[bytes]):
+    def __init__(self, fileobj: _BinaryOutput):
         self._file = fileobj
         self._offsets: list[int] = []
         self._crcs: list[int] = []
@@ -225,7 +231,7 @@ def iter_records(fileobj: IO[bytes], path: str, max_record_bytes: int | None = N
 
 
 def check_frames(
-    buffer: bytes,
+    buffer: bytes | memoryview,
     frame_offsets: np.ndarray,
     *,
     path: str,

@@ -87,6 +87,8 @@ class Registry:
         validate_name(name, kind="mixture")
         weights: dict[str, Fraction] = {}
         resolved: dict[str, Task] = {}
+        component: str | Task | Mixture
+        rate: Rate | None
         for entry in tasks:
             if isinstance(entry, tuple):
                 if len(entry) != 2:

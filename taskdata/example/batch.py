@@ -257,19 +257,19 @@ def _decode_uniform(
         ok &= fine & (pos + size == entry_end) & (raw[pos] == tag)
         size, pos, fine = _varints_at_positions(raw, pos + 1)
         ok &= fine & (pos + size == entry_end)
-        name = wanted.get(key)
-        if name is not None and ok.all():
+        wanted_name = wanted.get(key)
+        if wanted_name is not None and ok.all():
             if tag == _BYTES_TAG:
                 found = _bytes_items(raw, pos, entry_end)
                 if found is None:
                     return None
-                items[name] = found
+                items[wanted_name] = found
             else:
                 nonempty = pos < entry_end
                 ok &= ~nonempty | (raw[pos] == 0x0A)
                 size, payload, fine = _varints_at_positions(raw, pos + 1)
                 ok &= ~nonempty | (fine & (payload + size == entry_end))
-                spans[name] = (np.where(nonempty, payload, entry_end), entry_end)
+                spans[wanted_name] = (np.where(nonempty, payload, entry_end), entry_end)
         pos = entry_end
     ok &= pos == ends
     if not ok.all():
@@ -433,7 +433,7 @@ class _VarintTable:
             return None  # a payload that does not end on a varint's last byte
         has_long = np.zeros(len(names), dtype=bool)
         if len(self.long):
-            has_long = (np.searchsorted(self.long, highs) > np.searchsorted(self.long, lows)).any(axis=1)
+            has_long[:] = (np.searchsorted(self.long, highs) > np.searchsorted(self.long, lows)).any(axis=1)
         out = {}
         for i, name in enumerate(names):
             decoded = self._feature(name, lows[i], highs[i], counts[i], feature_spec[name], bool(has_long[i]))

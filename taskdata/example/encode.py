@@ -220,9 +220,9 @@ _GROUP_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)
 def _packed_ints(values: np.ndarray) -> bytes:
     """The packed Int64List payload of an array of a ``_WORD_DTYPES`` dtype, any shape (C order)."""
     # Token ids: one gather, one check, one delete.
-    words = _WORDS_16.take(values, mode="clip").tobytes()
-    if words[3::4].isascii():
-        return words.translate(None, b"\x00")
+    token_words = _WORDS_16.take(values, mode="clip").tobytes()
+    if token_words[3::4].isascii():
+        return token_words.translate(None, b"\x00")
     unsigned = values.ravel().astype(np.int64).view(np.uint64)  # negatives: 64-bit two's complement
     if len(unsigned) <= 8:
         return b"".join(map(_varint, unsigned.tolist()))

@@ -102,12 +102,12 @@ def _read_varint(data: bytes, pos: int, end: int, where: str) -> tuple[int, int]
 
 def _packed_varints(data: bytes, start: int, end: int, where: str) -> np.ndarray:
     if end - start <= _SMALL:
-        values = []
+        small: list[int] = []
         pos = start
         while pos < end:
             value, pos = _read_varint(data, pos, end, where)
-            values.append(value)
-        return np.array(values, dtype=np.uint64).view(np.int64)
+            small.append(value)
+        return np.array(small, dtype=np.uint64).view(np.int64)
     raw = np.zeros(end - start + _PAD, dtype=np.uint8)
     raw[: end - start] = np.frombuffer(data, dtype=np.uint8, count=end - start, offset=start)
     ends = np.flatnonzero(raw[: end - start] < 0x80)

@@ -92,7 +92,9 @@ class ExampleArrays:
             self.records[a:b],
         )
 
-    def grouped_runs(self, num_parts: int, num_tasks: int) -> tuple[np.ndarray, ...]:
+    def grouped_runs(
+        self, num_parts: int, num_tasks: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Read runs grouped by (part, task), for every part and task at once: one stable sort, one pass.
 
         The examples are cut into ``num_parts`` equal consecutive parts (a step's data shards); the runs

@@ -34,7 +34,7 @@ def base64_int64_bytes(values: np.ndarray) -> bytes:
     array = np.asarray(values)
     if array.dtype.str != "<i8" or not array.flags.c_contiguous:
         array = np.ascontiguousarray(array, "<i8")
-    return binascii.b2a_base64(array, newline=False)
+    return binascii.b2a_base64(array.data, newline=False)
 
 
 def column_array(column: list[int] | str) -> np.ndarray:

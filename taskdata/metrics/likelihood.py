@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from taskdata.metrics.base import MetricError, check_aligned
 
@@ -59,7 +59,7 @@ def perplexity(targets: Sequence[Any], scores: Sequence[Sequence[float]]) -> dic
     return {"token_log_likelihood": mean, "perplexity": math.exp(-mean)}
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 

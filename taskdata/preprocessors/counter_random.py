@@ -51,7 +51,7 @@ def example_keys(key: int, ordinals: np.ndarray) -> np.ndarray:
     return _splitmix_outputs(np.full(np.shape(ordinals), key, dtype=np.uint64), np.asarray(ordinals))
 
 
-def random_words(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
+def random_words(keys: np.ndarray, counters: np.ndarray | int) -> np.ndarray:
     """Word ``counters`` of examples ``keys`` (uint64), broadcast: ``keys[:, None]`` gives a table."""
     return _splitmix_outputs(np.asarray(keys, dtype=np.uint64), np.asarray(counters))
 

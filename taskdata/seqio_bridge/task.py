@@ -109,6 +109,8 @@ class SeqioTask(Task):
     """A bridged seqio Task (``source`` is a ``SeqioSource``); ``preprocessors`` are its seqio
     preprocessors before the placeholder, which ``process_shard`` runs as seqio's cache job does."""
 
+    source: SeqioSource  # for type checkers only: bridge_task always builds it with one
+
     def precache_dataset(self, split: str, shard_index: int, seed: int) -> Any:
         """The ``tf.data.Dataset`` seqio's cache job makes of one source shard with ``--base_seed seed``."""
         seqio = import_seqio()

@@ -181,7 +181,7 @@ def _place(values: dict[str, Any], shardings: dict[str, Any]) -> dict[str, Any]:
     import jax
 
     return {
-        name: jax.make_array_from_callback(value.shape, shardings[name], lambda i, v=value: v[i])
+        name: jax.make_array_from_callback(value.shape, shardings[name], value.__getitem__)
         for name, value in values.items()
     }
 
