@@ -15,13 +15,15 @@ from taskdata.cache.format import (
     task_dir,
 )
 from taskdata.define.mixture import Mixture
+from taskdata.define.registry import Registry
+from taskdata.define.task import Task
 from taskdata.fingerprint import describe
 from taskdata.runs import CacheResolver
 
 __all__ = ["task_detail", "task_summaries"]
 
 
-def task_summaries(registry: Any) -> list[dict[str, Any]]:
+def task_summaries(registry: Registry) -> list[dict[str, Any]]:
     out = []
     for name in registry.names():
         item = registry.get(name)
@@ -30,7 +32,7 @@ def task_summaries(registry: Any) -> list[dict[str, Any]]:
     return out
 
 
-def task_detail(registry: Any, resolver: CacheResolver, name: str) -> dict[str, Any]:
+def task_detail(registry: Registry, resolver: CacheResolver, name: str) -> dict[str, Any]:
     """``server.models.TaskDetail`` of a registered name (UnknownNameError if it is not registered)."""
     item = registry.get(name)  # validates the name before it can become part of a path
     fingerprint, problem = _fingerprint(item)
@@ -54,11 +56,11 @@ def task_detail(registry: Any, resolver: CacheResolver, name: str) -> dict[str, 
     }
 
 
-def _kind(item: Any) -> str:
+def _kind(item: Task | Mixture) -> str:
     return "mixture" if isinstance(item, Mixture) else "task"
 
 
-def _fingerprint(item: Any) -> tuple[str | None, str | None]:
+def _fingerprint(item: Task | Mixture) -> tuple[str | None, str | None]:
     """(fingerprint, None), or (None, why not): a definition's fingerprint covers its source files, which
     this machine may be unable to list (a folder only the cache builders mount, a missing credential)."""
     try:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -24,7 +23,7 @@ from server.metrics import Metrics, MetricsMiddleware
 from server.routers import health, metrics, runs, shards, tasks
 from server.settings import Settings
 from server.state import ServerConfigError, state_of
-from taskdata.define.registry import UnknownNameError
+from taskdata.define.registry import Registry, UnknownNameError
 from taskdata.index import PlanError
 from taskdata.names import InvalidNameError
 from taskdata.runs import CacheUnavailableError, RunConflictError, RunError
@@ -41,7 +40,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
 
 
-def _error(status: int) -> Any:
+def _error(status: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
     async def handler(request: Request, error: Exception) -> JSONResponse:
         state = request.app.state.server  # None if building it failed (ServerConfigError)
         detail = str(error) if state is None else state.resolver.relative(str(error))
@@ -53,7 +52,7 @@ def _error(status: int) -> Any:
 _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 
-async def _method_not_allowed_lists_every_method(request: Request, error: Exception) -> Any:
+async def _method_not_allowed_lists_every_method(request: Request, error: Exception) -> Response:
     # Starlette answers 405 with the methods of one route; GET and POST /runs are two routes of one path.
     # Each method is tried against the router: included routers are not flat lists of routes to read.
     assert isinstance(error, StarletteHTTPException)
@@ -68,7 +67,7 @@ async def _method_not_allowed_lists_every_method(request: Request, error: Except
     return JSONResponse({"detail": error.detail}, status_code=405, headers={"Allow": ", ".join(allowed)})
 
 
-def create_app(settings: Settings | None = None, registry: Any = None) -> FastAPI:
+def create_app(settings: Settings | None = None, registry: Registry | None = None) -> FastAPI:
     """The app; ``settings`` default to the environment's, ``registry`` to the default one plus settings.modules."""
     app = FastAPI(
         title="taskdata assignment service",

@@ -13,12 +13,13 @@ import json
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import FastAPI, HTTPException, Request
 
 from server.assignments import AnswerCache
 from server.settings import Settings, get_settings
+from taskdata.define.registry import Registry
 from taskdata.names import InvalidNameError, validate_name
 from taskdata.runs import CacheResolver, RunError, RunStore, StoredRun
 
@@ -32,7 +33,7 @@ class ServerConfigError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class ServerState:
     settings: Settings
-    registry: Any
+    registry: Registry
     store: RunStore
     resolver: CacheResolver
     configured: dict[str, StoredRun]
@@ -110,7 +111,7 @@ class ServerState:
         return [name for name, _ in self.run_names()]
 
 
-def build_state(settings: Settings, registry: Any = None) -> ServerState:
+def build_state(settings: Settings, registry: Registry | None = None) -> ServerState:
     """State for ``settings``; ``registry`` defaults to the default registry plus ``settings.modules``."""
     if registry is None:
         from taskdata.tasks import default_registry

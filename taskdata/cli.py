@@ -10,7 +10,12 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # each command imports these when it runs (see above)
+    from taskdata.config import Config
+    from taskdata.define.registry import Registry
+    from taskdata.evaluation import TargetsSource
 
 __all__ = ["main"]
 
@@ -220,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace) -> Any:
+def _config(args: argparse.Namespace) -> Config:
     """The one ``Config`` of this command: flags first, then ``$TASKDATA_*``, then the defaults."""
     from taskdata.config import Config
 
@@ -229,7 +234,7 @@ def _config(args: argparse.Namespace) -> Any:
     )
 
 
-def _registry(args: argparse.Namespace) -> Any:
+def _registry(args: argparse.Namespace) -> Registry:
     from taskdata.sources.digest import remember_digests_in
     from taskdata.tasks import default_registry
 
@@ -270,7 +275,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _short_name(obj: Any) -> str:
+def _short_name(obj: object) -> str:
     return getattr(obj, "__qualname__", type(obj).__name__)
 
 
@@ -406,9 +411,9 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_eval(
     args: argparse.Namespace,
-    registry: Any,
+    registry: Registry,
     *,
-    cache_targets: Callable[[str, int | None], Any] | None = None,
+    cache_targets: Callable[[str, int | None], TargetsSource] | None = None,
 ) -> int:
     """Runs ``taskdata eval``: prints the report table, writes the JSON report if asked.
 

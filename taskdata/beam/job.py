@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taskdata import fs
 from taskdata.cache.format import (
@@ -40,6 +40,13 @@ from taskdata.cache.format import (
 from taskdata.cache.lease import DEFAULT_STALE_AFTER_S, VersionLease, remove_abandoned_versions
 from taskdata.cache.stats import FeatureStats
 from taskdata.config import Config
+
+if TYPE_CHECKING:  # imported when the job runs: Beam only then, and the pipeline module imports Beam
+    import apache_beam as beam
+
+    from taskdata.beam.pipeline import CacheJobSpec
+    from taskdata.define.registry import Registry
+    from taskdata.define.task import Task
 
 __all__ = ["SEQIO_CACHE_VERSION", "CacheJobError", "CacheOptions", "CacheResult", "run_cache_job", "version_name"]
 
@@ -98,7 +105,7 @@ class CacheResult:
     seconds: float
 
 
-def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], None] | None = None) -> CacheResult:
+def run_cache_job(options: CacheOptions, registry: Registry, log: Callable[[str], None] | None = None) -> CacheResult:
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     started = time.monotonic()
     task = registry.get_task(options.task)
@@ -215,7 +222,7 @@ def _point_current_at(task_root: str, version_dir: str, log: Callable[[str], Non
     log(f"[cache] CURRENT pointed at {current or 'no version'}; moved it to {name}")
 
 
-def _beam_pipeline(options: CacheOptions) -> Any:
+def _beam_pipeline(options: CacheOptions) -> beam.Pipeline:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
@@ -229,7 +236,7 @@ def _beam_pipeline(options: CacheOptions) -> Any:
     return beam.Pipeline(options=pipeline_options)
 
 
-def _run_pipeline(spec: Any, work: list[tuple[str, int, str]], options: CacheOptions,
+def _run_pipeline(spec: CacheJobSpec, work: list[tuple[str, int, str]], options: CacheOptions,
                   log: Callable[[str], None]) -> None:
     from taskdata.beam.pipeline import build_cache_pipeline
 
@@ -310,7 +317,7 @@ def _report_progress(tmp_dir: str, total: int, stop: threading.Event, log: Calla
                 f"{len(written)} output shards written, {sum(written.values()):,} records")
 
 
-def _finalize(task: Any, spec: Any, splits: Sequence[str], num_shards: dict[str, int], options: CacheOptions,
+def _finalize(task: Task, spec: CacheJobSpec, splits: Sequence[str], num_shards: dict[str, int], options: CacheOptions,
               log: Callable[[str], None]) -> Manifest:
     from taskdata.beam.pipeline import read_json, shard_result_path, source_result_path
 
@@ -367,7 +374,7 @@ def _finalize(task: Any, spec: Any, splits: Sequence[str], num_shards: dict[str,
     return manifest
 
 
-def _write_empty_shard(spec: Any, split: str, dest: int, num_shards: int) -> None:
+def _write_empty_shard(spec: CacheJobSpec, split: str, dest: int, num_shards: int) -> None:
     from taskdata.beam.pipeline import write_output_shard
 
     write_output_shard(spec, split, dest, [])

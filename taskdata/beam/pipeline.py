@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,6 +45,8 @@ def _import_beam() -> types.ModuleType:
 
 if TYPE_CHECKING:  # the checker reads Beam's own annotations (DoFn, PTransform...)
     import apache_beam as beam
+
+    from taskdata.define.task import Task
 else:
     beam = _import_beam()
 
@@ -72,7 +74,7 @@ class CacheJobSpec:
         return dict(self.num_shards)[split]
 
 
-def _load_task(spec: CacheJobSpec) -> Any:
+def _load_task(spec: CacheJobSpec) -> Task:
     from taskdata.config import Config
     from taskdata.sources.digest import remember_digests_in
     from taskdata.tasks import default_registry
@@ -103,7 +105,7 @@ def _load_task(spec: CacheJobSpec) -> Any:
 PROVENANCE = "provenance/"
 
 
-def encode_cache_record(task: Any, example: Mapping[str, Any], split: str, source_shard: str,
+def encode_cache_record(task: Task, example: Mapping[str, Any], split: str, source_shard: str,
                         shard_index: int, ordinal: int, seed: int) -> bytes:
     """The tf.train.Example of one final example plus seqio-style provenance features."""
     from taskdata.example import encode_example
@@ -121,7 +123,7 @@ def encode_cache_record(task: Any, example: Mapping[str, Any], split: str, sourc
     return encode_example(features)
 
 
-def feature_info(task: Any, example: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def feature_info(task: Task, example: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """seqio's ``info.{split}.json`` feature entries for the features of ``example``."""
     info: dict[str, dict[str, Any]] = {}
     for key, value in example.items():
@@ -155,7 +157,7 @@ def shard_result_path(tmp_dir: str, split: str, shard_index: int) -> str:
 
 
 def preprocess_source_shard(spec: CacheJobSpec, split: str, shard_index: int, source_shard: str,
-                            task: Any) -> Iterator[tuple[tuple[str, int], tuple[str, int, int, int]]]:
+                            task: Task) -> Iterator[tuple[tuple[str, int], tuple[str, int, int, int]]]:
     """Runs the task on one source shard; spills keyed records; yields (split, dest) -> segment."""
     from taskdata.beam.spill import SpillWriter
     from taskdata.cache.shuffle import shuffle_key
@@ -211,7 +213,7 @@ def write_output_shard(spec: CacheJobSpec, split: str, dest: int, segments: list
     _write_shard_files(spec, split, dest, num_shards, (records[i] for i in order.tolist()))
 
 
-def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: int, records: Any) -> None:
+def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: int, records: Iterable[bytes]) -> None:
     from taskdata.cache.tfrecord import TFRecordWriter, write_offsets
 
     name = shard_name(split, dest, num_shards)
@@ -277,14 +279,15 @@ def _describe_record(record: bytes) -> str:
 class PreprocessShard(beam.DoFn):
     """(split, source shard index, source shard path) -> (split, output shard) -> segment."""
 
+    _task: Task  # set by setup(), which Beam calls on the worker before process()
+
     def __init__(self, spec: CacheJobSpec):
         self._spec = spec
-        self._task: Any = None
 
     def setup(self) -> None:
         self._task = _load_task(self._spec)
 
-    def process(self, element: tuple[str, int, str]) -> Iterator[Any]:
+    def process(self, element: tuple[str, int, str]) -> Iterator[tuple[tuple[str, int], tuple[str, int, int, int]]]:
         split, shard_index, source_shard = element
         yield from preprocess_source_shard(self._spec, split, shard_index, source_shard, self._task)
         beam.metrics.Metrics.counter("taskdata", "source_shards_done").inc()
@@ -296,12 +299,12 @@ class WriteShard(beam.DoFn):
     def __init__(self, spec: CacheJobSpec):
         self._spec = spec
 
-    def process(self, element: tuple[tuple[str, int], Any]) -> None:
+    def process(self, element: tuple[tuple[str, int], Iterable[tuple[str, int, int, int]]]) -> None:
         (split, dest), segments = element
         write_output_shard(self._spec, split, dest, list(segments))
 
 
-def build_cache_pipeline(pipeline: Any, spec: CacheJobSpec, work: list[tuple[str, int, str]]) -> None:
+def build_cache_pipeline(pipeline: beam.Pipeline, spec: CacheJobSpec, work: list[tuple[str, int, str]]) -> None:
     """Adds the cache transforms for ``work`` (split, source shard index, source shard path)."""
     _ = (
         pipeline

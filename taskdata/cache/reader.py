@@ -16,12 +16,20 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
 from taskdata import fs
-from taskdata.cache.format import CacheFormatError, Manifest, completed_path, load_manifest
+from taskdata.cache.format import CacheFormatError, Manifest, ShardEntry, completed_path, load_manifest
+
+if TYPE_CHECKING:  # imported on first use, as before
+    from taskdata.cache.shard_reader import ShardReader
+    from taskdata.cache.tfrecord import RecordIndex
+    from taskdata.example import RaggedFeature
+
+# An open shard file: a raw file descriptor (local, read with pread) or a random-access fsspec file.
+_Source = int | IO[bytes]
 
 __all__ = ["CacheReader", "feature_spec"]
 
@@ -52,8 +60,8 @@ class CacheReader:
                 "Point the reader at the version the plan was made from, or make a new plan."
             )
         self._verify_crc = verify_crc
-        self._shards: dict[tuple[str, int], Any] = {}
-        self._sources: dict[tuple[str, int], Any] = {}
+        self._shards: dict[tuple[str, int], tuple[ShardReader, RecordIndex]] = {}
+        self._sources: dict[tuple[str, int], _Source] = {}
 
     @property
     def task(self) -> str:
@@ -142,7 +150,7 @@ class CacheReader:
         return [bytes(buffer[a:b]) for a, b in zip(data_starts[slot_of].tolist(), data_ends[slot_of].tolist(),
                                                    strict=True)]
 
-    def _source(self, split: str, shard: int) -> Any:
+    def _source(self, split: str, shard: int) -> _Source:
         """A raw file descriptor (local: read with ``pread``) or a random-access fsspec file (remote)."""
         key = (split, int(shard))
         if key not in self._sources:
@@ -153,7 +161,7 @@ class CacheReader:
                 self._sources[key] = os.open(path, os.O_RDONLY)
         return self._sources[key]
 
-    def decode(self, records: Sequence[bytes], spec: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def decode(self, records: Sequence[bytes], spec: Mapping[str, str] | None = None) -> dict[str, RaggedFeature]:
         """``{feature: RaggedFeature}`` for ``records`` (default spec: the cache's own features)."""
         from taskdata.example import decode_batch
 
@@ -176,13 +184,13 @@ class CacheReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _entry(self, split: str, shard: int) -> Any:
+    def _entry(self, split: str, shard: int) -> ShardEntry:
         shards = self.manifest.split(split).shards
         if isinstance(shard, bool) or not 0 <= int(shard) < len(shards):
             raise IndexError(f"Cache of task {self.task!r} split {split!r} has shards [0, {len(shards)}); got {shard!r}.")
         return shards[int(shard)]
 
-    def _reader(self, split: str, shard: int) -> tuple[Any, Any]:
+    def _reader(self, split: str, shard: int) -> tuple[ShardReader, RecordIndex]:
         """(ShardReader, RecordIndex) of one shard, its sidecar checked against the manifest."""
         key = (split, int(shard))
         if key not in self._shards:
@@ -205,7 +213,7 @@ class CacheReader:
         return self._shards[key]
 
 
-def _read_runs(source: Any, path: str, begins: list[int], sizes: list[int]) -> tuple[memoryview, int | None]:
+def _read_runs(source: _Source, path: str, begins: list[int], sizes: list[int]) -> tuple[memoryview, int | None]:
     """The byte ranges ``[begins[i], begins[i] + sizes[i])`` one after another in one buffer, and None;
     or, where the file ends early, the whole ranges before its end and the file's size."""
     buffer = memoryview(bytearray(sum(sizes)))
@@ -223,7 +231,7 @@ def _read_runs(source: Any, path: str, begins: list[int], sizes: list[int]) -> t
     return buffer, None
 
 
-def _read_into(source: Any, target: memoryview, begin: int) -> int:
+def _read_into(source: _Source, target: memoryview, begin: int) -> int:
     """Reads up to ``len(target)`` bytes at ``begin`` into ``target``; 0 at the end of the file."""
     if isinstance(source, int):
         return os.preadv(source, [target], begin)

@@ -12,14 +12,17 @@ import importlib
 import importlib.metadata
 import inspect
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
+from taskdata.define.features import Feature
 from taskdata.define.mixture import Mixture, MixtureError, Rate
 from taskdata.define.task import Task
 from taskdata.names import validate_name
+from taskdata.preprocessors.base import PreprocessorLike
 from taskdata.rates import parse_rate
+from taskdata.sources.base import Source
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -69,8 +72,8 @@ class Registry:
             self._origins[item.name] = origin
         return item
 
-    def add_task(self, name: str, source: Any, preprocessors: Sequence[Any] = (), *, output_features: Any,
-                 replace: bool = False, **kwargs: Any) -> Task:
+    def add_task(self, name: str, source: Source, preprocessors: Sequence[PreprocessorLike] = (), *,
+                 output_features: Mapping[str, Feature], replace: bool = False, **kwargs: Any) -> Task:
         task = Task(name=name, source=source, preprocessors=preprocessors, output_features=output_features, **kwargs)
         self.add(task, replace=replace)
         return task

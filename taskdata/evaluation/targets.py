@@ -18,6 +18,7 @@ import numpy as np
 
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError, current_version, task_dir
+from taskdata.define.features import Feature
 from taskdata.define.task import Task
 from taskdata.evaluation.predictions import EvaluationError
 from taskdata.seeding import check_seed, format_example_id
@@ -78,7 +79,7 @@ class SourceTargets:
             )
 
 
-def _target_text(feature: Any, example: Mapping[str, Any]) -> str:
+def _target_text(feature: Feature, example: Mapping[str, Any]) -> str:
     raw = example.get("targets_pretokenized")
     if raw is None and feature.dtype == "string":
         raw = example["targets"]
@@ -116,7 +117,7 @@ class CacheTargets:
     def describe(self) -> dict[str, Any]:
         return {"type": "cache", "cache": self.cache, "seed": self.seed}
 
-    def __call__(self, task: Any, split: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    def __call__(self, task: Task, split: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
         from taskdata.cache.reader import CacheReader
 
         reader = CacheReader(resolve_version_dir(self.cache, task.name))

@@ -19,11 +19,12 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taskdata import fs
 from taskdata.cache.format import (
     CacheFormatError,
+    Manifest,
     completed_path,
     current_version,
     load_manifest,
@@ -31,6 +32,10 @@ from taskdata.cache.format import (
 )
 from taskdata.index import BatchSchedule, PlanError, RunPlan, SkipRange
 from taskdata.names import InvalidNameError, validate_name
+
+if TYPE_CHECKING:  # annotations only: build_run imports the definitions when it runs, as before
+    from taskdata.define.registry import Registry
+    from taskdata.define.task import Task
 
 __all__ = [
     "RUNS_DIR",
@@ -123,7 +128,7 @@ def cache_fingerprint(version_dir: str) -> str:
 
 
 def build_run(
-    registry: Any,
+    registry: Registry,
     cache_root: str,
     *,
     name: str,
@@ -187,7 +192,7 @@ def build_run(
     return StoredRun(plan)
 
 
-def _check_built_from_current_definition(task: Any, version_dir: str, manifest: Any, cache_root: str,
+def _check_built_from_current_definition(task: Task, version_dir: str, manifest: Manifest, cache_root: str,
                                          warn: Callable[[str], None] | None) -> None:
     """Refuses a CURRENT cache built from another definition of ``task`` (other source files, preprocessors,
     vocabulary): a run pinned to it would train on data the task no longer describes.

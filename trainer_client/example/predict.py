@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +29,9 @@ import numpy as np
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError
 from taskdata.cache.reader import CacheReader
+from taskdata.define.registry import Registry
+from taskdata.define.task import Task
+from taskdata.define.vocabularies import Vocabulary
 from taskdata.example import pad_features
 from taskdata.seeding import format_example_id
 from trainer_client.assignments import AssignmentError, AssignmentSource, HostSlice
@@ -129,7 +131,7 @@ def first_examples(
     return ids, inputs
 
 
-def targets_vocabulary(task: Any, reader: CacheReader) -> Any:
+def targets_vocabulary(task: Task, reader: CacheReader) -> Vocabulary:
     """``task``'s targets vocabulary, refused unless the cache was built with the same vocabularies."""
     stored = reader.manifest.fingerprints.get("vocabularies")
     ours = task.component_fingerprints()["vocabularies"]
@@ -167,7 +169,7 @@ def predict_run(
     params: Mapping[str, np.ndarray],
     config: ModelConfig,
     source: AssignmentSource,
-    registry: Any,
+    registry: Registry,
     *,
     split: str,
     count: int,

@@ -35,8 +35,17 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Sequence
-from typing import Any
+import types
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported where they are used, so that --help answers without loading JAX
+    import jax
+    import numpy as np
+
+    from taskdata.define.registry import Registry
+    from trainer_client.assignments import AssignmentSource
+    from trainer_client.example.model import ModelConfig
 
 __all__ = ["main"]
 
@@ -129,7 +138,7 @@ class _StopRequest:
         self.requested = False
         signal.signal(signal.SIGTERM, self._handle)
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: types.FrameType | None) -> None:
         self.requested = True
 
 
@@ -167,7 +176,7 @@ def _any_process(flag: bool) -> bool:
     return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).max())
 
 
-def _to_host(tree: dict[str, Any]) -> dict[str, Any]:
+def _to_host(tree: Mapping[str, jax.Array]) -> dict[str, np.ndarray]:
     import numpy as np
     from jax.experimental import multihost_utils
 
@@ -177,7 +186,7 @@ def _to_host(tree: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _place(values: dict[str, Any], shardings: dict[str, Any]) -> dict[str, Any]:
+def _place(values: Mapping[str, np.ndarray], shardings: Mapping[str, jax.sharding.Sharding]) -> dict[str, jax.Array]:
     import jax
 
     return {
@@ -186,7 +195,7 @@ def _place(values: dict[str, Any], shardings: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _source(args: argparse.Namespace) -> Any:
+def _source(args: argparse.Namespace) -> AssignmentSource:
     if (args.server is None) == (args.cache_root is None):
         raise SystemExit("Give exactly one of --server URL or --cache-root DIR.")
     if args.server is not None:
@@ -208,7 +217,7 @@ def _source(args: argparse.Namespace) -> Any:
     return LocalAssignments.from_cache_root(stored, args.cache_root)
 
 
-def _registry(args: argparse.Namespace) -> Any:
+def _registry(args: argparse.Namespace) -> Registry:
     from taskdata.config import Config
     from taskdata.tasks import default_registry
 
@@ -219,7 +228,9 @@ def _registry(args: argparse.Namespace) -> Any:
     return registry
 
 
-def _predict(args: argparse.Namespace, params: Any, config: Any, lengths: dict[str, int]) -> None:
+def _predict(
+    args: argparse.Namespace, params: Mapping[str, jax.Array], config: ModelConfig, lengths: dict[str, int]
+) -> None:
     import jax
     from jax.experimental import multihost_utils
 
