@@ -16,12 +16,12 @@ what was sent.
 from __future__ import annotations
 
 import hmac
-from typing import Any
 
 from fastapi import Request
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.state import state_of
 
@@ -36,10 +36,10 @@ _INVALID = "The bearer token is not valid for this server."
 class RequestGuard:
     """Authenticates, then caps the body, of every HTTP request (see the module docstring)."""
 
-    def __init__(self, app: Any):
+    def __init__(self, app: ASGIApp):
         self.app = app
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -77,7 +77,7 @@ class RequestGuard:
             return
         received = 0
 
-        async def receive_within_limit() -> dict[str, Any]:
+        async def receive_within_limit() -> Message:
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
@@ -111,9 +111,9 @@ def _too_large(limit: int, size: int | None = None) -> str:
 
 
 async def _refuse(
-    scope: dict[str, Any],
-    receive: Any,
-    send: Any,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
     status: int,
     detail: str,
     unread_body: bool,

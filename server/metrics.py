@@ -9,12 +9,15 @@ match no route share the label ``unmatched``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.assignments import AnswerCache
 
 __all__ = ["BUCKETS", "Metrics", "MetricsMiddleware", "StepCacheCollector"]
 
@@ -67,7 +70,7 @@ class Metrics:
             errors.inc()
         latency.observe(seconds)
 
-    def exposition(self, accept: str | None, *collectors: Any) -> tuple[bytes, str]:
+    def exposition(self, accept: str | None, *collectors: Collector) -> tuple[bytes, str]:
         """The registry's metrics and ``collectors``', in the format ``accept`` asks for, and its content type.
 
         As ``prometheus_client``'s own handlers do: OpenMetrics when the scraper asks for it (Prometheus
@@ -80,7 +83,7 @@ class Metrics:
 class StepCacheCollector:
     """Lookups and entries of the server's step cache, read when scraped (the cache counts them itself)."""
 
-    def __init__(self, answers: Any):
+    def __init__(self, answers: AnswerCache):
         self.answers = answers
 
     def collect(self) -> Iterator[Metric]:
@@ -100,7 +103,7 @@ class StepCacheCollector:
 class _Together:
     """Collectors scraped as one (``generate_latest`` takes anything with ``collect()``)."""
 
-    def __init__(self, collectors: tuple[Any, ...]):
+    def __init__(self, collectors: tuple[Collector, ...]):
         self.collectors = collectors
 
     def collect(self) -> Iterator[Metric]:
@@ -111,20 +114,18 @@ class _Together:
 class MetricsMiddleware:
     """Times every HTTP request and records it with its route template and final status."""
 
-    def __init__(self, app: Any, metrics: Metrics):
+    def __init__(self, app: ASGIApp, metrics: Metrics):
         self.app = app
         self.metrics = metrics
 
-    async def __call__(
-        self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
         status = 500  # if the app raises before answering, the server answers 500
 
-        async def send_and_record(message: dict[str, Any]) -> None:
+        async def send_and_record(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

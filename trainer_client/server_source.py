@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taskdata.index import MAX_LOOKAHEAD, PlanError, ReadsError, RunPlan, StepReads, from_json
 from taskdata.runs import StoredRun
 from trainer_client.assignments import AssignmentError, HostSlice, RunInfo
+
+if TYPE_CHECKING:  # imported where it is used, as before
+    import httpx
 
 __all__ = ["RETRY_STATUSES", "ServerAssignments"]
 
@@ -196,7 +199,7 @@ def _seconds(value: str | None) -> float | None:
         return None  # an HTTP date: plain backoff is good enough
 
 
-def _detail(response: Any) -> str:
+def _detail(response: httpx.Response) -> str:
     try:
         return str(response.json()["detail"])
     except (ValueError, KeyError, TypeError):

@@ -16,6 +16,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
+from taskdata.define.features import Feature
 from taskdata.define.task import Task
 from taskdata.fingerprint import fingerprint
 from taskdata.names import validate_name
@@ -102,7 +103,7 @@ def check_same_output_features(mixture_name: str, tasks: tuple[Task, ...]) -> No
                 )
 
 
-def _feature_mismatch(a: Any, b: Any) -> str | None:
+def _feature_mismatch(a: Feature, b: Feature) -> str | None:
     for attr in ("dtype", "rank", "add_eos"):
         if getattr(a, attr) != getattr(b, attr):
             return f"{attr} ({getattr(b, attr)!r} vs {getattr(a, attr)!r})"
