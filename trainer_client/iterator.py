@@ -14,11 +14,12 @@ silent restart from step 0.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import queue
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from trainer_client.assignments import AssignmentError, AssignmentSource, HostSlice, RunInfo, StepReads
 from trainer_client.reading import BatchReader, ClientBatch
@@ -56,7 +57,16 @@ class DataState:
         return cls(data["step"], data["fingerprint"])
 
 
-_DONE = object()
+class _Done(enum.Enum):
+    """The fetch thread's last instruction (every step up to ``stop_step`` is queued), or what a waiting
+    thread gets when the iterator stops. An enum, so that the queues' item types can name it."""
+
+    DONE = enum.auto()
+
+
+_DONE = _Done.DONE
+_Item = TypeVar("_Item")
+_Arg = TypeVar("_Arg")
 
 
 class DataIterator:
@@ -115,8 +125,8 @@ class DataIterator:
         self._start_threads(first)
 
     def _start_threads(self, first: int) -> None:
-        self._instructions: queue.Queue[Any] = queue.Queue(maxsize=self._lookahead)
-        self._batches: queue.Queue[Any] = queue.Queue(maxsize=self._prefetch)
+        self._instructions: queue.Queue[StepReads | BaseException | _Done] = queue.Queue(maxsize=self._lookahead)
+        self._batches: queue.Queue[ClientBatch | BaseException] = queue.Queue(maxsize=self._prefetch)
         self._stopping = threading.Event()
         self._threads = [
             threading.Thread(
@@ -213,7 +223,7 @@ class DataIterator:
 
     # --- background threads -----------------------------------------------------------------------
 
-    def _put(self, q: queue.Queue[Any], item: Any) -> bool:
+    def _put(self, q: queue.Queue[_Item], item: _Item) -> bool:
         while not self._stopping.is_set():
             try:
                 q.put(item, timeout=0.1)
@@ -222,7 +232,7 @@ class DataIterator:
                 continue
         return False
 
-    def _get(self, q: queue.Queue[Any]) -> Any:
+    def _get(self, q: queue.Queue[_Item]) -> _Item | _Done:
         while not self._stopping.is_set():
             try:
                 return q.get(timeout=0.1)
@@ -230,7 +240,7 @@ class DataIterator:
                 continue
         return _DONE
 
-    def _guard(self, work: Any, arg: Any, out: queue.Queue[Any]) -> None:
+    def _guard(self, work: Callable[[_Arg], None], arg: _Arg, out: queue.Queue[_Item | BaseException]) -> None:
         # An error in a background thread reaches the train loop at its next ``next()``.
         try:
             work(arg)
