@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import orbax.checkpoint as ocp
@@ -47,7 +47,15 @@ MAX_STATE_BYTES = 1024
 _FILE = re.compile(r"^process_(\d+)-of-(\d+)\.json$")
 
 
-def _state_of(item: Any) -> DataState:
+class _StatefulIterator(Protocol):
+    """A Grain iterator over a run (``trainer_client.grain_dataset``): its state is a ``DataState``'s dict."""
+
+    def get_state(self) -> dict[str, Any]: ...
+
+    def set_state(self, state: dict[str, Any]) -> None: ...
+
+
+def _state_of(item: DataIterator | DataState | _StatefulIterator) -> DataState:
     if isinstance(item, DataState):
         return item
     if isinstance(item, DataIterator):
@@ -76,7 +84,9 @@ class DataCheckpointHandler(ocp.CheckpointHandler):
             )
         (directory / _file_name(jax.process_index(), jax.process_count())).write_text(text)
 
-    def restore(self, directory: epath.Path, args: DataCheckpointRestore | None = None) -> Any:
+    def restore(
+        self, directory: epath.Path, args: DataCheckpointRestore | None = None
+    ) -> DataState | DataIterator | _StatefulIterator:
         state = self._read(directory)
         item = None if args is None else args.item
         if item is None:
@@ -126,7 +136,7 @@ class DataCheckpointHandler(ocp.CheckpointHandler):
 class DataCheckpointSave(ocp.args.CheckpointArgs):
     """Saves ``item``'s data state: a ``DataIterator``, a ``DataState`` or a Grain iterator over a run."""
 
-    item: Any
+    item: DataIterator | DataState | _StatefulIterator
 
 
 @ocp.args.register_with_handler(DataCheckpointHandler, for_restore=True)
@@ -134,4 +144,4 @@ class DataCheckpointSave(ocp.args.CheckpointArgs):
 class DataCheckpointRestore(ocp.args.CheckpointArgs):
     """Restores into ``item`` (moved to the saved step in place), or returns the ``DataState`` when None."""
 
-    item: Any = None
+    item: DataIterator | _StatefulIterator | None = None
