@@ -132,6 +132,8 @@ class _BearerTokenDocs(HTTPBearer):
     only repeat it (and come after the body is read).
     """
 
+    # HTTPBearer takes any HTTPConnection and returns the credentials; this documentation-only dependency
+    # takes the Request and returns nothing.
     async def __call__(self, request: Request) -> None:  # type: ignore[override]
         return None
 

@@ -52,6 +52,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._tail = b""  # the last bytes of the previous read: a blank line may straddle two reads
         self._header_deadline: asyncio.TimerHandle | None = None
 
+    # asyncio.Protocol takes a BaseTransport; uvicorn narrows it to Transport too (with the same ignore).
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_header_deadline()

@@ -125,6 +125,7 @@ async def get_shards(request: Request) -> Response:
     for i, part in zip(missing, computed, strict=True):
         parts[i] = part
         cache.put(keys[i], part)
+    # Every missing part was filled in above, so parts holds no None now.
     body = shards_body(stored, host, hosts, data_shard, parts)  # type: ignore[arg-type]
     return Response(body, media_type="application/json")
 

@@ -237,6 +237,7 @@ class TaskReads:
             and np.array_equal(self.columns, other.columns)
         )
 
+    # Unhashable, as __eq__ compares arrays; typeshed types object.__hash__ as a method, not Optional.
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
@@ -301,6 +302,7 @@ class StepReads:
             == (other.step, other.skipped, other.global_batch_size, other.positions, other.tasks)
         ) and np.array_equal(self.order, other.order)
 
+    # Unhashable, as __eq__ compares arrays; typeshed types object.__hash__ as a method, not Optional.
     __hash__ = None  # type: ignore[assignment]
 
 
