@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from taskdata.define.features import Feature
+from taskdata.define.packing import Packing
 from taskdata.define.task import Task
 from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.metrics import sequence_accuracy
@@ -74,6 +75,15 @@ def register_tasks(registry) -> None:
     registry.add(Task("toy_text", EnvTextSource(), [EncodeText()], FEATURES))
     registry.add(Task("toy_gap", FunctionSource(documents_with_a_gap, SPLITS), [EncodeText()], FEATURES))
     registry.add(Task("toy_c4", C4Source(c4_dir, splits=("train",)), [EncodeText()], FEATURES))
+    # toy_random's examples packed into rows of 64 + 128 tokens: some targets (up to ~190) are trimmed.
+    registry.add(registry.get_task("toy_random").with_packing(Packing(PACKED_LENGTHS), name="toy_packed"))
+    # toy_random with sequence lengths that every example fits: 'taskdata cache --pack' packs it at them.
+    registry.add(Task("toy_lengths", FunctionSource(synthetic_documents, SPLITS), [EncodeText(), RandomCrop()],
+                      FEATURES, sequence_length=SEQUENCE_LENGTHS))
+
+
+PACKED_LENGTHS = {"inputs": 64, "targets": 128}
+SEQUENCE_LENGTHS = {"inputs": 64, "targets": 256}
 
 
 class EnvTextSource(TextLineSource):
