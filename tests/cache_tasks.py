@@ -75,8 +75,8 @@ def register_tasks(registry) -> None:
     registry.add(Task("toy_text", EnvTextSource(), [EncodeText()], FEATURES))
     registry.add(Task("toy_gap", FunctionSource(documents_with_a_gap, SPLITS), [EncodeText()], FEATURES))
     registry.add(Task("toy_c4", C4Source(c4_dir, splits=("train",)), [EncodeText()], FEATURES))
-    # toy_random's examples packed into rows of 64 + 128 tokens: some targets (up to ~190) are trimmed.
-    registry.add(registry.get_task("toy_random").with_packing(Packing(PACKED_LENGTHS), name="toy_packed"))
+    # toy_det's examples packed into rows of 64 + 128 tokens: some targets (up to ~190) are trimmed.
+    registry.add(registry.get_task("toy_det").with_packing(Packing(PACKED_LENGTHS), name="toy_packed"))
     # toy_random with sequence lengths that every example fits: 'taskdata cache --pack' packs it at them.
     registry.add(Task("toy_lengths", FunctionSource(synthetic_documents, SPLITS), [EncodeText(), RandomCrop()],
                       FEATURES, sequence_length=SEQUENCE_LENGTHS))
