@@ -173,3 +173,43 @@ def test_a_failed_packed_build_is_a_cache_job_error_not_a_partial_cache(tmp_path
     with pytest.raises(CacheJobError, match="row writer broke"):
         build(tmp_path, task="toy_packed", num_shards=2)
     assert not list(Path(tmp_path).rglob("COMPLETED"))
+
+
+def _run(root, name, readers, rates):
+    from taskdata.index import BatchSchedule, RunPlan, TaskCache
+    from taskdata.runs import RunStore, StoredRun
+
+    plan = RunPlan(name=name, mixture=name, caches={t: TaskCache(r.manifest_sha256, r.record_counts("train"))
+                                                    for t, r in readers.items()},
+                   rates=rates, seed=3, schedule=BatchSchedule(start=8, end=8), num_data_shards=2)
+    RunStore(str(root)).create(StoredRun(plan))
+    return RunStore(str(root)).get(name)
+
+
+def test_the_client_reads_a_packed_row_as_one_example_with_its_segment_ids_and_positions(tmp_path):
+    from taskdata.cache.reader import CacheReader
+    from taskdata.index import assign
+    from trainer_client.assignments import AssignmentError, HostSlice
+    from trainer_client.local_source import LocalAssignments
+    from trainer_client.reading import BatchReader
+
+    packed = build(tmp_path, task="toy_packed", num_shards=2)
+    plain = build(tmp_path, task="toy_det", num_shards=2)
+    readers = {"toy_packed": CacheReader(packed.version_dir)}
+    source = LocalAssignments.from_cache_root(_run(tmp_path, "packed_run", readers, {"toy_packed": 1}), str(tmp_path))
+    reader = BatchReader(source.run_info(), PACKED_LENGTHS)
+    batch = reader.read(source.fetch(5, 1, HostSlice(1, 2))[0])
+    examples = assign(source.run_info().plan, 5, 1, 2).examples
+    assert sorted(batch.features) == sorted(f"{k}{s}" for k in PACKED_LENGTHS for s in ("", "_segment_ids", "_positions"))
+    for i, e in enumerate(examples):  # each of the 4 examples of the host's slice is one whole row
+        row = decode_example(readers["toy_packed"].read_records("train", [e.shard], [e.record])[0])
+        for name, values in batch.features.items():
+            assert values.shape == (4, PACKED_LENGTHS[name.split("_")[0]]) and values.dtype == np.int32
+            np.testing.assert_array_equal(values[i], row[name], err_msg=name)
+    assert batch.num_tokens == sum(int(np.count_nonzero(batch.features[k])) for k in PACKED_LENGTHS)
+
+    readers["toy_det"] = CacheReader(plain.version_dir)
+    mixed = LocalAssignments.from_cache_root(
+        _run(tmp_path, "mixed_run", readers, {"toy_packed": 1, "toy_det": 1}), str(tmp_path))
+    with pytest.raises(AssignmentError, match="a batch cannot mix packed rows with examples"):
+        BatchReader(mixed.run_info(), PACKED_LENGTHS).read(mixed.fetch(0, 1, HostSlice(0, 1))[0])
