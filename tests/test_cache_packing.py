@@ -169,7 +169,7 @@ def test_a_failed_packed_build_is_a_cache_job_error_not_a_partial_cache(tmp_path
     def broken(*args, **kwargs):
         raise RuntimeError("row writer broke")
 
-    monkeypatch.setattr(rows, "pack_records", broken)
+    monkeypatch.setattr(rows, "pack_entries", broken)
     with pytest.raises(CacheJobError, match="row writer broke"):
         build(tmp_path, task="toy_packed", num_shards=2)
     assert not list(Path(tmp_path).rglob("COMPLETED"))

@@ -173,9 +173,15 @@ def preprocess_source_shard(spec: CacheJobSpec, split: str, shard_index: int, so
     info: dict[str, Any] | None = None
     examples = task.process_shard(ctx, source_shard, allow_empty=spec.allow_empty_source_files)
     if task.packing is not None:
+        from taskdata.beam.rows import encode_entry
+
         examples = _trimmed_to_rows(task, ctx, examples)
+        keys = list(task.packing_lengths)
     for ordinal, example in enumerate(examples):
-        record = encode_cache_record(task, example, split, source_shard, shard_index, ordinal, spec.seed)
+        if task.packing is None:
+            record = encode_cache_record(task, example, split, source_shard, shard_index, ordinal, spec.seed)
+        else:  # the shard writer packs it with others into a row
+            record = encode_entry(example, keys, source_shard, shard_index, ordinal)
         spiller.add(shuffle_key(spec.seed, task.name, split, shard_index, ordinal), record)
         stats.add(example, token_features, text_features)
         if info is None:
@@ -199,6 +205,10 @@ def _trimmed_to_rows(task: Any, ctx: Any, examples: Iterator[Mapping[str, Any]])
              for key, length in task.packing_lengths.items()]
     for example in examples:
         out = dict(example)
+        extra = sorted(k for k in out if not k.startswith("_") and k not in task.packing_lengths)
+        if extra:
+            raise ValueError(f"Task {task.name!r} packs {sorted(task.packing_lengths)}, but an example also has {extra}, "
+                             "which a packed row has no place for. Drop them in the preprocessors (e.g. with Rekey).")
         for key, length, eos_id in rules:
             if key not in out:
                 raise ValueError(f"Task {task.name!r} packs feature {key!r}, but an example has none (it has "
@@ -232,16 +242,20 @@ def write_output_shard(spec: CacheJobSpec, split: str, dest: int, segments: list
     duplicates = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
     if duplicates.size:
         a, b = records[order[duplicates[0]]], records[order[duplicates[0] + 1]]
+        if spec.packing_lengths is not None:
+            from taskdata.beam.rows import describe_entry as describe
+        else:
+            describe = _describe_record
         raise RuntimeError(
-            f"Two examples of split {split!r} have the same shuffle key: {_describe_record(a)} and "
-            f"{_describe_record(b)}. Stable ids must be unique (is a source shard listed twice?)."
+            f"Two examples of split {split!r} have the same shuffle key: {describe(a)} and "
+            f"{describe(b)}. Stable ids must be unique (is a source shard listed twice?)."
         )
     num_shards = spec.shards_of(split)
     ordered = (records[i] for i in order.tolist())
     if spec.packing_lengths is not None:
-        from taskdata.beam.rows import pack_records
+        from taskdata.beam.rows import pack_entries
 
-        packed = pack_records(list(ordered), dict(spec.packing_lengths), spec.packing_open_rows)
+        packed = pack_entries(list(ordered), dict(spec.packing_lengths), spec.packing_open_rows, spec.task, spec.seed)
         fs.write_atomic(packing_result_path(spec.tmp_dir, split, dest), canonical_json(packed.result()).encode())
         ordered = iter(packed.rows)
     _write_shard_files(spec, split, dest, num_shards, ordered)

@@ -19,6 +19,7 @@ import numpy as np
 
 __all__ = [
     "assemble_row",
+    "assemble_rows",
     "packed_feature_names",
     "plan_rows",
     "positions_name",
@@ -72,46 +73,76 @@ def plan_rows(sizes: np.ndarray, capacity: Sequence[int], open_rows: int) -> lis
         i = int(too_long[0])
         raise ValueError(f"Example {i} has {sizes[i].tolist()} tokens, more than a row holds ({list(capacity)}); "
                          "trim examples to the row lengths before planning rows.")
-    limits = [int(c) for c in capacity]
+    # Each row's free tokens, all features in one int: field f is bits [f * width, (f + 1) * width), and
+    # the top bit of every field is a guard, so "every feature fits" is one subtraction (no borrow can
+    # cross a field): (free + guards - size) & guards == guards exactly when free_f >= size_f for all f.
+    width = max(int(c) for c in capacity).bit_length() + 1
+    guards = sum(1 << (f * width + width - 1) for f in range(len(capacity)))
+    weights = np.array([1 << (f * width) for f in range(len(capacity))], dtype=object)
+    full = int(np.asarray(capacity, dtype=object) @ weights)
     closed: list[list[int]] = []
     members: list[list[int]] = []
-    room: list[list[int]] = []  # free tokens per feature of each open row, oldest row first
-    for index, size in enumerate(sizes.tolist()):
+    room: list[int] = []  # of each open row, oldest row first
+    for index, size in enumerate((sizes.astype(object) @ weights).tolist() if len(sizes) else []):
         for row, free in enumerate(room):
-            if all(s <= f for s, f in zip(size, free, strict=True)):
+            if (free + guards - size) & guards == guards:
                 members[row].append(index)
-                room[row] = [f - s for f, s in zip(free, size, strict=True)]
+                room[row] = free - size
                 break
         else:
             if len(members) == open_rows:
                 closed.append(members.pop(0))
                 room.pop(0)
             members.append([index])
-            room.append([c - s for c, s in zip(limits, size, strict=True)])
+            room.append(full - size)
     return closed + members
+
+
+def assemble_rows(
+    tokens: Mapping[str, tuple[np.ndarray, np.ndarray]], rows: Sequence[Sequence[int]], lengths: Mapping[str, int]
+) -> dict[str, np.ndarray]:
+    """The packed rows ``rows`` (lists of example indices, in segment order) as [rows, length] arrays.
+
+    ``tokens[k]`` is feature ``k`` of every example as (flat values, row splits): example ``i`` holds
+    ``values[splits[i]:splits[i + 1]]``. Gives ``k``, ``k_segment_ids`` and ``k_positions`` per feature.
+    """
+    order = np.fromiter((i for row in rows for i in row), dtype=np.int64)
+    row_sizes = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
+    row_of = np.repeat(np.arange(len(rows)), row_sizes)
+    first = np.cumsum(row_sizes) - row_sizes  # where each row's examples start in ``order``
+    segment = np.arange(len(order)) - np.repeat(first, row_sizes) + 1
+    out: dict[str, np.ndarray] = {}
+    for key, length in lengths.items():
+        values, splits = tokens[key]
+        sizes = splits[1:][order] - splits[:-1][order]
+        ends = np.cumsum(sizes)
+        starts = ends - sizes  # of each example's tokens in the concatenation of all rows
+        offset = starts - starts[first][row_of] if len(order) else starts  # within its row
+        if len(order) and (offset + sizes > length).any():
+            i = int(np.flatnonzero(offset + sizes > length)[0])
+            raise ValueError(f"Feature {key!r}: row {int(row_of[i])}'s tokens do not fit a row of {length}.")
+        total = int(ends[-1]) if len(order) else 0
+        within = np.arange(total) - np.repeat(starts, sizes)  # position of each token in its example
+        source = np.repeat(splits[:-1][order], sizes) + within
+        dest_row, dest_col = np.repeat(row_of, sizes), np.repeat(offset, sizes) + within
+        packed = np.zeros((len(rows), length), dtype=values.dtype)
+        packed[dest_row, dest_col] = values[source]
+        segment_ids = np.zeros((len(rows), length), dtype=np.int32)
+        segment_ids[dest_row, dest_col] = np.repeat(segment, sizes)
+        positions = np.zeros((len(rows), length), dtype=np.int32)
+        positions[dest_row, dest_col] = within
+        out[key], out[segment_ids_name(key)], out[positions_name(key)] = packed, segment_ids, positions
+    return out
 
 
 def assemble_row(examples: Sequence[Mapping[str, np.ndarray]], lengths: Mapping[str, int]) -> dict[str, np.ndarray]:
     """The packed row of ``examples`` (in segment order): tokens, segment ids and positions per feature."""
-    row: dict[str, np.ndarray] = {}
-    for key, length in lengths.items():
+    tokens = {}
+    for key in lengths:
         parts = [np.asarray(example[key]) for example in examples]
-        sizes = np.array([part.shape[0] for part in parts], dtype=np.int64)
-        used = int(sizes.sum())
-        if used > length:
-            raise ValueError(f"Feature {key!r}: {used} tokens do not fit a row of {length}.")
-        tokens = np.zeros(length, dtype=parts[0].dtype if parts else np.int32)
-        segment_ids = np.zeros(length, dtype=np.int32)
-        positions = np.zeros(length, dtype=np.int32)
-        if used:
-            tokens[:used] = np.concatenate(parts)
-            segment_ids[:used] = np.repeat(np.arange(1, len(parts) + 1, dtype=np.int32), sizes)
-            starts = np.repeat(np.cumsum(sizes) - sizes, sizes)
-            positions[:used] = np.arange(used, dtype=np.int32) - starts
-        row[key] = tokens
-        row[segment_ids_name(key)] = segment_ids
-        row[positions_name(key)] = positions
-    return row
+        splits = np.concatenate([[0], np.cumsum([part.shape[0] for part in parts])]).astype(np.int64)
+        tokens[key] = (np.concatenate(parts) if parts else np.zeros(0, np.int64), splits)
+    return {name: array[0] for name, array in assemble_rows(tokens, [list(range(len(examples)))], lengths).items()}
 
 
 def unpack_row(row: Mapping[str, np.ndarray], features: Sequence[str], num_segments: int) -> list[dict[str, np.ndarray]]:
