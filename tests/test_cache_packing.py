@@ -213,3 +213,18 @@ def test_the_client_reads_a_packed_row_as_one_example_with_its_segment_ids_and_p
         _run(tmp_path, "mixed_run", readers, {"toy_packed": 1, "toy_det": 1}), str(tmp_path))
     with pytest.raises(AssignmentError, match="a batch cannot mix packed rows with examples"):
         BatchReader(mixed.run_info(), PACKED_LENGTHS).read(mixed.fetch(0, 1, HostSlice(0, 1))[0])
+
+
+def test_a_decoder_only_task_is_packed_in_the_lm_layout(caches, tmp_path):
+    plain, _ = caches
+    lm = build(tmp_path, task="toy_lm", num_shards=2)
+    rows = [decode_example(r) for r in records_of(lm.version_dir)]
+    assert {k for k in rows[0] if not k.startswith("provenance/")} == {"targets", "targets_segment_ids",
+                                                                       "targets_positions"}
+    got = {}
+    for row in rows:
+        ids = zip(row["provenance/source_shard_index"].tolist(), row["provenance/index_within_shard"].tolist(),
+                  strict=True)
+        for key, part in zip(ids, unpack_row(row, ["targets"], len(row["provenance/index_within_shard"])), strict=True):
+            got[key] = part["targets"].tolist()
+    assert got == {key: trim_to_length(np.array(t), 128, 1).tolist() for key, (_, t) in examples_by_id(plain.version_dir).items()}
