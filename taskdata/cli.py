@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "jobs died; a running job rewrites its lease every 30 s); default 900")
     p.add_argument("--allow-empty-source-files", action="store_true",
                    help="accept source files with no records (by default an empty or zero-byte file is an error)")
+    p.add_argument("--pack", action="store_true",
+                   help="pack examples into rows at the task's sequence lengths (t5x's *_segment_ids/*_positions "
+                        "layout); a task defined with packing is packed either way")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(run=_cmd_cache)
 
@@ -355,7 +358,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
             splits=tuple(args.splits) if args.splits else None, force=args.force, verify=not args.no_verify,
             modules=tuple(args.module), beam_args=tuple(args.beam_args), progress=not args.quiet,
             config=_config(args), allow_empty_source_files=args.allow_empty_source_files,
-            stale_after_s=args.stale_after, seqio_tasks=(name,) if name in bridged else (),
+            stale_after_s=args.stale_after, seqio_tasks=(name,) if name in bridged else (), pack=args.pack,
         )
         result = run_cache_job(options, registry)
         print(result.version_dir)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from taskdata.define.features import Feature
+from taskdata.define.packing import Packing
 from taskdata.define.task import Task
 from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.metrics import sequence_accuracy
@@ -53,6 +54,15 @@ class RandomCrop:
             yield {**example, "targets": example["targets"][cut:]}
 
 
+@dataclasses.dataclass(frozen=True)
+class TargetsOnly:
+    """Drops every feature but ``targets`` (a decoder-only task)."""
+
+    def __call__(self, examples: Iterator[Example], ctx: ShardContext) -> Iterator[Example]:
+        for example in examples:
+            yield {k: v for k, v in example.items() if k == "targets" or k.startswith("_")}
+
+
 FEATURES = {"inputs": Feature(VOCAB), "targets": Feature(VOCAB)}
 SPLITS = {"train": [str(i) for i in range(6)], "validation": ["0", "1"]}
 
@@ -74,6 +84,18 @@ def register_tasks(registry) -> None:
     registry.add(Task("toy_text", EnvTextSource(), [EncodeText()], FEATURES))
     registry.add(Task("toy_gap", FunctionSource(documents_with_a_gap, SPLITS), [EncodeText()], FEATURES))
     registry.add(Task("toy_c4", C4Source(c4_dir, splits=("train",)), [EncodeText()], FEATURES))
+    # toy_det's examples packed into rows of 64 + 128 tokens: some targets (up to ~190) are trimmed.
+    registry.add(registry.get_task("toy_det").with_packing(Packing(PACKED_LENGTHS), name="toy_packed"))
+    # toy_random with sequence lengths that every example fits: 'taskdata cache --pack' packs it at them.
+    # Decoder-only: targets alone, packed into rows of 128 (the LM layout).
+    registry.add(Task("toy_lm", FunctionSource(synthetic_documents, SPLITS), [EncodeText(), TargetsOnly()],
+                      {"targets": FEATURES["targets"]}, packing=Packing({"targets": 128})))
+    registry.add(Task("toy_lengths", FunctionSource(synthetic_documents, SPLITS), [EncodeText(), RandomCrop()],
+                      FEATURES, sequence_length=SEQUENCE_LENGTHS))
+
+
+PACKED_LENGTHS = {"inputs": 64, "targets": 128}
+SEQUENCE_LENGTHS = {"inputs": 64, "targets": 256}
 
 
 class EnvTextSource(TextLineSource):

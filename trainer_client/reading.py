@@ -5,6 +5,11 @@ use, and only if that folder holds the exact bytes the run's plan pins (its mani
 read is checked three ways: each file's URI is that reader's own path for the shard, the byte ranges
 are the ones its verified offsets sidecars give, and each record's CRCs match
 (``CacheReader.read_records``).
+
+A packed cache's record is one row of several examples (``taskdata.example.packing``): it is read as one
+example, and for every packed feature the reader also passes its ``_segment_ids`` and ``_positions``
+through, padded to the same length, as t5x's packed models take them. One run's caches are all packed
+(with the same features) or all unpacked: a batch cannot mix rows with examples.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import numpy as np
 
 from taskdata.cache.reader import CacheReader
 from taskdata.example import pad_features
+from taskdata.example.packing import positions_name, segment_ids_name
 from taskdata.index import StepReads, TaskReads
 from trainer_client.assignments import AssignmentError, RunInfo
 from trainer_client.shard_table import CacheReaderTable
@@ -38,8 +44,9 @@ class ClientBatch:
 
     @property
     def num_tokens(self) -> int:
-        """Non-padding tokens (0 is PAD)."""
-        return int(sum(np.count_nonzero(array) for array in self.features.values()))
+        """Non-padding tokens (0 is PAD) of the token features (not of a packed row's segment ids or positions)."""
+        return int(sum(np.count_nonzero(array) for name, array in self.features.items()
+                       if not name.endswith(("_segment_ids", "_positions"))))
 
 
 class BatchReader:
@@ -53,18 +60,19 @@ class BatchReader:
                 raise ValueError(f"Length of feature {name!r} must be a positive integer but got {length!r}.")
         self.info = info
         self.lengths = dict(lengths)
-        self._spec = {name: "int32" for name in self.lengths}
         self._verify_crc = verify_crc
         self._readers: dict[str, tuple[CacheReader, CacheReaderTable]] = {}
+        self._packed: tuple[str, ...] | None = None  # the packed features of the run's caches, once one is open
 
     def read(self, step_reads: StepReads) -> ClientBatch:
         if step_reads.skipped:
             return ClientBatch(step_reads.step, True, step_reads.global_batch_size, step_reads.positions, {})
         per_task = [self._records(step_reads.step, t, task) for t, task in enumerate(step_reads.tasks)]
         ordered = _interleave(per_task, step_reads.order)
-        decoded = next(iter(self._readers.values()))[0].decode(ordered, self._spec)
+        lengths = self._lengths_with_packing()
+        decoded = next(iter(self._readers.values()))[0].decode(ordered, {name: "int32" for name in lengths})
         try:
-            features = pad_features(decoded, self.lengths)
+            features = pad_features(decoded, lengths)
         except ValueError as error:
             raise ValueError(
                 f"Step {step_reads.step}: {error} Raise that feature's length (the trainer's sequence length) "
@@ -73,6 +81,14 @@ class BatchReader:
         return ClientBatch(
             step_reads.step, False, step_reads.global_batch_size, step_reads.positions, features
         )
+
+    def _lengths_with_packing(self) -> dict[str, int]:
+        """The trainer's lengths, plus the segment ids and positions of every packed feature it reads."""
+        lengths = dict(self.lengths)
+        for name, length in self.lengths.items():
+            if name in (self._packed or ()):
+                lengths[segment_ids_name(name)] = lengths[positions_name(name)] = length
+        return lengths
 
     def _records(self, step: int, task_index: int, task: TaskReads) -> list[bytes]:
         """The records of ``task``'s reads, in order, after checking every file and byte range."""
@@ -113,6 +129,14 @@ class BatchReader:
                 verify_crc=self._verify_crc,
                 expected_manifest_sha256=self.info.plan.caches[task].fingerprint,
             )
+            packed = reader.manifest.packed_features
+            if self._packed is not None and packed != self._packed:
+                raise AssignmentError(
+                    f"Task {task!r}'s cache {version_dir} is {'packed (' + ', '.join(packed) + ')' if packed else 'not packed'}"
+                    f", but this run's other caches are {'packed (' + ', '.join(self._packed) + ')' if self._packed else 'not'}"
+                    ": a batch cannot mix packed rows with examples. Cache every task of the run the same way "
+                    "('taskdata cache --pack', or none).")
+            self._packed = packed
             found = self._readers[version_dir] = (reader, CacheReaderTable(reader, self.info.split))
         reader, table = found
         if reader.task != task or not 0 <= shard < len(table.shard_uris) or table.shard_uris[shard] != uri:

@@ -82,6 +82,9 @@ class CacheOptions:
     allow_empty_source_files: bool = False
     # seqio tasks the workers bridge after importing ``modules`` (taskdata cache --seqio-task).
     seqio_tasks: tuple[str, ...] = ()
+    # Pack the task's examples into rows at its sequence lengths (taskdata cache --pack), as if it had
+    # been defined with Task.with_packing(); a task defined with packing is packed either way.
+    pack: bool = False
     # What the built-in tasks read (and where they build it): the workers register them from this.
     config: Config = dataclasses.field(default_factory=Config)
 
@@ -109,6 +112,8 @@ def run_cache_job(options: CacheOptions, registry: Registry, log: Callable[[str]
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     started = time.monotonic()
     task = registry.get_task(options.task)
+    if options.pack and task.packing is None:
+        task = task.with_packing()
     splits = options.splits or task.splits
     for split in splits:
         task.source.check_split(split)
@@ -144,9 +149,12 @@ def run_cache_job(options: CacheOptions, registry: Registry, log: Callable[[str]
         config=options.config.to_tuple(), seed=options.seed, version_dir=version_dir, tmp_dir=tmp_dir,
         num_shards=tuple(sorted(num_shards.items())), spill_buffer_bytes=options.spill_buffer_bytes,
         allow_empty_source_files=options.allow_empty_source_files, digest_memo_dir=digests_remembered_in(),
-        seqio_tasks=tuple(options.seqio_tasks),
+        seqio_tasks=tuple(options.seqio_tasks), pack=options.pack,
+        packing_lengths=None if task.packing_lengths is None else tuple(task.packing_lengths.items()),
+        packing_open_rows=1 if task.packing is None else task.packing.open_rows,
     )
     log(f"[cache] task {task.name} (fingerprint {task_fingerprint[:12]}), seed {options.seed}, "
+        + (f"packed into rows of {task.packing_lengths}, " if task.packing is not None else "")
         + ", ".join(f"{s}: {sum(1 for w in work if w[0] == s)} source shards -> {num_shards[s]} shards"
                     for s in splits))
     log(f"[cache] writing {version_dir}")
@@ -319,7 +327,7 @@ def _report_progress(tmp_dir: str, total: int, stop: threading.Event, log: Calla
 
 def _finalize(task: Task, spec: CacheJobSpec, splits: Sequence[str], num_shards: dict[str, int], options: CacheOptions,
               log: Callable[[str], None]) -> Manifest:
-    from taskdata.beam.pipeline import read_json, shard_result_path, source_result_path
+    from taskdata.beam.pipeline import packing_result_path, read_json, shard_result_path, source_result_path
 
     split_manifests: dict[str, SplitManifest] = {}
     features: dict[str, Any] = {}
@@ -344,18 +352,26 @@ def _finalize(task: Task, spec: CacheJobSpec, splits: Sequence[str], num_shards:
                 # No example fell into this key range: an empty shard keeps the file set complete.
                 _write_empty_shard(spec, split, dest, num_shards[split])
             shards.append(ShardEntry(**read_json(result_path)))
+        if spec.packing_lengths is not None:
+            # The records are rows: seqio's files describe them; the counters say what they hold.
+            rows = [read_json(packing_result_path(spec.tmp_dir, split, d)) for d in range(num_shards[split])]
+            stats = _packed_split(split, rows, stats, counters)
         split_manifest = SplitManifest(shards=tuple(shards), source_shards=len(sources), counters=counters)
         if split_manifest.num_records != stats.examples:
             raise CacheJobError(
                 f"Split {split!r}: the shards hold {split_manifest.num_records} records but the source shards "
-                f"produced {stats.examples} examples. Nothing was committed; rerun the job.")
+                f"produced {stats.examples} {'rows' if spec.packing_lengths else 'examples'}. Nothing was committed; "
+                "rerun the job.")
         split_manifests[split] = split_manifest
-        _write_seqio_files(spec.version_dir, split, features, num_shards[split], stats)
+        _write_seqio_files(spec.version_dir, split, _stored_features(features, spec), num_shards[split], stats)
 
+    packing = None if spec.packing_lengths is None else {
+        "lengths": dict(spec.packing_lengths), "open_rows": spec.packing_open_rows}
     manifest = Manifest(
         task=task.name, task_fingerprint=spec.task_fingerprint,
         fingerprints=task.component_fingerprints(), seed=spec.seed, taskdata_version=_version(),
-        sequence_length=dict(task.sequence_length or {}), features=features, splits=split_manifests,
+        sequence_length=dict(task.sequence_length or {}), features=_stored_features(features, spec),
+        splits=split_manifests, packing=packing,
     )
     if options.verify:
         from taskdata.cache.verify import verify_shards
@@ -372,6 +388,35 @@ def _finalize(task: Task, spec: CacheJobSpec, splits: Sequence[str], num_shards:
     fs.write_atomic(fs.join(task_dir(options.output, task.name), CURRENT),
                     spec.version_dir.rstrip("/").rsplit("/", 1)[-1].encode() + b"\n")
     return manifest
+
+
+def _stored_features(features: dict[str, Any], spec: CacheJobSpec) -> dict[str, Any]:
+    """The features of the records: the examples' own, or those of the rows they are packed into."""
+    if spec.packing_lengths is None or not features:
+        return features
+    from taskdata.beam.rows import packed_feature_info
+
+    return packed_feature_info(features, dict(spec.packing_lengths))
+
+
+def _packed_split(split: str, rows: list[dict[str, Any]], examples: FeatureStats,
+                  counters: dict[str, int]) -> FeatureStats:
+    """The row statistics of a packed split; adds its packing counters (examples, rows, tokens) to ``counters``.
+
+    Every example must be in exactly one row: the rows' example count must be the source shards' count.
+    """
+    packed = sum(int(r["examples"]) for r in rows)
+    if packed != examples.examples:
+        raise CacheJobError(f"Split {split!r}: the packed rows hold {packed} examples but the source shards produced "
+                            f"{examples.examples}. Nothing was committed; rerun the job.")
+    stats = FeatureStats()
+    for r in rows:
+        stats.merge(FeatureStats.from_json(r["stats"]))
+        for key, value in r["tokens"].items():
+            counters[f"packing/{key}_tokens"] = counters.get(f"packing/{key}_tokens", 0) + int(value)
+    counters["packing/examples"] = packed
+    counters["packing/rows"] = stats.examples
+    return stats
 
 
 def _write_empty_shard(spec: CacheJobSpec, split: str, dest: int, num_shards: int) -> None:

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,6 +69,10 @@ class CacheJobSpec:
     allow_empty_source_files: bool = False
     digest_memo_dir: str | None = None  # where the launcher remembers source files' digests
     seqio_tasks: tuple[str, ...] = ()  # bridged after the modules are imported (taskdata.seqio_bridge)
+    pack: bool = False  # taskdata cache --pack: the workers pack the task's examples (Task.with_packing)
+    # The row length of every packed feature, and how many rows stay open: None for a cache of examples.
+    packing_lengths: tuple[tuple[str, int], ...] | None = None
+    packing_open_rows: int = 1
 
     def shards_of(self, split: str) -> int:
         return dict(self.num_shards)[split]
@@ -92,6 +96,8 @@ def _load_task(spec: CacheJobSpec) -> Task:
     for name in spec.seqio_tasks:
         add_seqio_task(name, registry)
     task = registry.get_task(spec.task)
+    if spec.pack and task.packing is None:
+        task = task.with_packing()
     fingerprint = task.fingerprint()
     if fingerprint != spec.task_fingerprint:
         raise RuntimeError(
@@ -171,9 +177,20 @@ def preprocess_source_shard(spec: CacheJobSpec, split: str, shard_index: int, so
     token_features = [k for k, f in task.output_features.items() if f.dtype != "string"]
     text_features = [k for k in task.output_features if k.endswith("_pretokenized")]
     info: dict[str, Any] | None = None
-    examples = task.process_shard(ctx, source_shard, allow_empty=spec.allow_empty_source_files)
+    examples: Iterator[Mapping[str, Any]] = task.process_shard(
+        ctx, source_shard, allow_empty=spec.allow_empty_source_files
+    )
+    lengths = task.packing_lengths
+    if lengths is not None:
+        from taskdata.beam.rows import encode_entry
+
+        examples = _trimmed_to_rows(task, ctx, examples)
+        keys = list(lengths)
     for ordinal, example in enumerate(examples):
-        record = encode_cache_record(task, example, split, source_shard, shard_index, ordinal, spec.seed)
+        if task.packing is None:
+            record = encode_cache_record(task, example, split, source_shard, shard_index, ordinal, spec.seed)
+        else:  # the shard writer packs it with others into a row
+            record = encode_entry(example, keys, source_shard, shard_index, ordinal)
         spiller.add(shuffle_key(spec.seed, task.name, split, shard_index, ordinal), record)
         stats.add(example, token_features, text_features)
         if info is None:
@@ -187,6 +204,35 @@ def preprocess_source_shard(spec: CacheJobSpec, split: str, shard_index: int, so
     fs.write_atomic(source_result_path(spec.tmp_dir, split, shard_index), canonical_json(result).encode())
     for dest, segment in segments:
         yield (split, dest), segment.to_tuple()
+
+
+def _trimmed_to_rows(task: Any, ctx: Any, examples: Iterator[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+    """Examples of a packed task, each feature cut to its row length by the task's rule, and counted."""
+    from taskdata.example.packing import trim_to_length
+
+    rules = [(key, length, task.output_features[key].vocabulary.eos_id if task.output_features[key].add_eos else None)
+             for key, length in task.packing_lengths.items()]
+    for example in examples:
+        out = dict(example)
+        extra = sorted(k for k in out if not k.startswith("_") and k not in task.packing_lengths)
+        if extra:
+            raise ValueError(f"Task {task.name!r} packs {sorted(task.packing_lengths)}, but an example also has {extra}, "
+                             "which a packed row has no place for. Drop them in the preprocessors (e.g. with Rekey).")
+        for key, length, eos_id in rules:
+            if key not in out:
+                raise ValueError(f"Task {task.name!r} packs feature {key!r}, but an example has none (it has "
+                                 f"{sorted(k for k in out if not k.startswith('_'))}); every packed example needs "
+                                 "every packed feature.")
+            value = np.asarray(out[key])
+            if value.shape[0] > length:
+                ctx.count(f"packing/{key}_examples_trimmed")
+                ctx.count(f"packing/{key}_tokens_trimmed", value.shape[0] - length)
+                out[key] = trim_to_length(value, length, eos_id)
+        yield out
+
+
+def packing_result_path(tmp_dir: str, split: str, shard_index: int) -> str:
+    return fs.join(tmp_dir, "results", "packing", f"{split}-{shard_index:06d}.json")
 
 
 def write_output_shard(spec: CacheJobSpec, split: str, dest: int, segments: list[tuple[str, int, int, int]]) -> None:
@@ -205,12 +251,22 @@ def write_output_shard(spec: CacheJobSpec, split: str, dest: int, segments: list
     duplicates = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
     if duplicates.size:
         a, b = records[order[duplicates[0]]], records[order[duplicates[0] + 1]]
+        describe: Callable[[bytes], str] = _describe_record
+        if spec.packing_lengths is not None:
+            from taskdata.beam.rows import describe_entry as describe
         raise RuntimeError(
-            f"Two examples of split {split!r} have the same shuffle key: {_describe_record(a)} and "
-            f"{_describe_record(b)}. Stable ids must be unique (is a source shard listed twice?)."
+            f"Two examples of split {split!r} have the same shuffle key: {describe(a)} and "
+            f"{describe(b)}. Stable ids must be unique (is a source shard listed twice?)."
         )
     num_shards = spec.shards_of(split)
-    _write_shard_files(spec, split, dest, num_shards, (records[i] for i in order.tolist()))
+    ordered: Iterator[bytes] = (records[i] for i in order.tolist())
+    if spec.packing_lengths is not None:
+        from taskdata.beam.rows import pack_entries
+
+        packed = pack_entries(list(ordered), dict(spec.packing_lengths), spec.packing_open_rows, spec.task, spec.seed)
+        fs.write_atomic(packing_result_path(spec.tmp_dir, split, dest), canonical_json(packed.result()).encode())
+        ordered = iter(packed.rows)
+    _write_shard_files(spec, split, dest, num_shards, ordered)
 
 
 def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: int, records: Iterable[bytes]) -> None:

@@ -31,6 +31,7 @@ from taskdata.names import validate_name
 __all__ = [
     "CURRENT",
     "FORMAT",
+    "FORMAT_PACKED",
     "CacheFormatError",
     "Manifest",
     "ShardEntry",
@@ -48,6 +49,10 @@ __all__ = [
 
 # 2: offsets sidecars hold every record's data CRC, so a reader proves each record is at its index.
 FORMAT = "taskdata.cache/2"
+# 3: format 2 plus a "packing" section: every record is a packed row of several examples
+# (taskdata.example.packing). Only packed caches are written as 3, so an unpacked cache keeps its bytes
+# and a reader that knows only format 2 refuses rows it would take for examples.
+FORMAT_PACKED = "taskdata.cache/3"
 MANIFEST = "manifest.json"
 COMPLETED = "COMPLETED"
 CURRENT = "CURRENT"
@@ -125,10 +130,22 @@ class Manifest:
     sequence_length: Mapping[str, int]
     features: Mapping[str, Mapping[str, Any]]
     splits: Mapping[str, SplitManifest]
+    # {"lengths": {feature: row length}, "open_rows": n} for a cache of packed rows, else None.
+    packing: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.packing is not None and (set(self.packing) != {"lengths", "open_rows"} or not self.packing["lengths"]):
+            raise CacheFormatError(f"Cache of task {self.task!r}: packing must be {{'lengths': {{...}}, 'open_rows': n}} "
+                                   f"but is {self.packing!r}.")
+
+    @property
+    def packed_features(self) -> tuple[str, ...]:
+        """The features packed into rows (empty for a cache of examples)."""
+        return tuple(self.packing["lengths"]) if self.packing is not None else ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
+        out = {
+            "format": FORMAT if self.packing is None else FORMAT_PACKED,
             "task": self.task,
             "task_fingerprint": self.task_fingerprint,
             "fingerprints": dict(self.fingerprints),
@@ -147,13 +164,19 @@ class Manifest:
                 for name, split in sorted(self.splits.items())
             },
         }
+        if self.packing is not None:
+            out["packing"] = {"lengths": dict(self.packing["lengths"]), "open_rows": self.packing["open_rows"]}
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], where: str = "manifest") -> Manifest:
-        if data.get("format") != FORMAT:
+        if data.get("format") not in (FORMAT, FORMAT_PACKED):
             raise CacheFormatError(
-                f"{where}: format is {data.get('format')!r}, expected {FORMAT!r}: the version was built by another "
-                f"taskdata. Rebuild it with 'taskdata cache --task {data.get('task')} --force'.")
+                f"{where}: format is {data.get('format')!r}, expected {FORMAT!r} or {FORMAT_PACKED!r}: the version was "
+                f"built by another taskdata. Rebuild it with 'taskdata cache --task {data.get('task')} --force'.")
+        if (data.get("format") == FORMAT_PACKED) != ("packing" in data):
+            raise CacheFormatError(f"{where}: format {data.get('format')!r} "
+                                   f"{'needs' if 'packing' not in data else 'has no place for'} a packing section.")
         try:
             splits = {
                 name: SplitManifest(
@@ -168,6 +191,7 @@ class Manifest:
                 fingerprints=dict(data["fingerprints"]), seed=int(data["seed"]),
                 taskdata_version=data["taskdata_version"], sequence_length=dict(data["sequence_length"]),
                 features=dict(data["features"]), splits=splits,
+                packing=dict(data["packing"]) if "packing" in data else None,
             )
         except (KeyError, TypeError) as e:
             raise CacheFormatError(f"{where}: malformed manifest ({e!r}).") from e

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from taskdata.define.features import Feature
+from taskdata.define.packing import Packing
 from taskdata.fingerprint import describe, fingerprint
 from taskdata.names import validate_name
 from taskdata.preprocessors.base import Example, ShardContext
@@ -43,6 +44,7 @@ class Task:
       score_metric_fns: score metrics ``(targets, scores) -> {name: value}``.
       postprocess_fn: ``(text, example=..., is_target=...) -> value`` applied to decoded outputs and
         targets before the metrics compare them.
+      packing: if given, the cache stores packed rows of examples (``Packing``) instead of examples.
     """
 
     name: str
@@ -53,6 +55,7 @@ class Task:
     metric_fns: Sequence[MetricFn] = ()
     score_metric_fns: Sequence[MetricFn] = ()
     postprocess_fn: Callable[..., Any] | None = None
+    packing: Packing | None = None
 
     def __post_init__(self) -> None:
         validate_name(self.name, kind="task")
@@ -70,19 +73,57 @@ class Task:
         object.__setattr__(self, "metric_fns", tuple(self.metric_fns))
         object.__setattr__(self, "score_metric_fns", tuple(self.score_metric_fns))
         object.__setattr__(self, "output_features", dict(self.output_features))
+        if self.packing is not None:
+            self._check_packing()
+
+    def _check_packing(self) -> None:
+        if not isinstance(self.packing, Packing):
+            raise TypeError(f"Task {self.name!r}: packing must be a Packing but got {type(self.packing).__name__}.")
+        lengths = self.packing_lengths
+        if not lengths:
+            raise ValueError(f"Task {self.name!r} asks for packing but has no sequence_length to pack to. Give "
+                             "sequence_length, or Packing(lengths={...}).")
+        unknown = sorted(set(lengths) - set(self.output_features))
+        if unknown:
+            raise ValueError(f"Task {self.name!r}: packing lengths name {unknown}, which are not output features "
+                             f"({sorted(self.output_features)}).")
+        unpacked = sorted(set(self.output_features) - set(lengths))
+        if unpacked:
+            raise ValueError(f"Task {self.name!r}: output features {unpacked} have no packing length, and a packed row "
+                             "has no place for them. Give them a length, or drop them from the task's output features "
+                             "(e.g. with Rekey) for the packed variant.")
+        for key in lengths:
+            feature = self.output_features[key]
+            if feature.dtype == "string" or feature.rank != 1:
+                raise ValueError(f"Task {self.name!r}: output feature {key!r} ({feature.dtype}, rank {feature.rank}) "
+                                 "cannot be packed: only rank-1 token features can.")
+
+    @property
+    def packing_lengths(self) -> dict[str, int] | None:
+        """The row length of every packed feature, or None for a task that is not packed."""
+        if self.packing is None:
+            return None
+        return dict(sorted((self.packing.lengths or self.sequence_length or {}).items()))
+
+    def with_packing(self, packing: Packing | None = None, name: str | None = None) -> Task:
+        """This task with packed caches (``Packing()`` by default), under ``name`` or its own name."""
+        return dataclasses.replace(self, name=name or self.name, packing=packing or Packing())
 
     @property
     def splits(self) -> tuple[str, ...]:
         return self.source.splits
 
     def fingerprint_description(self) -> dict[str, Any]:
-        return {
+        description = {
             "task": self.name,
             "source": self.source.fingerprint_description(),
             "preprocessors": [describe(p) for p in self.preprocessors],
             "output_features": {k: v.fingerprint_description() for k, v in sorted(self.output_features.items())},
             "sequence_length": dict(sorted((self.sequence_length or {}).items())),
         }
+        if self.packing is not None:  # absent otherwise, so that unpacked tasks keep their fingerprints
+            description["packing"] = {**self.packing.fingerprint_description(), "lengths": self.packing_lengths}
+        return description
 
     def fingerprint(self) -> str:
         """A stable hash of everything that determines this task's examples (not its metrics)."""
@@ -91,13 +132,16 @@ class Task:
     def component_fingerprints(self) -> dict[str, str]:
         """The task's fingerprint and one per part of it, so that a mismatch can be named precisely."""
         features = sorted(self.output_features.items())
-        return {
+        parts = {
             "task": self.fingerprint(),
             "source": fingerprint(self.source.fingerprint_description()),
             "preprocessors": fingerprint([describe(p) for p in self.preprocessors]),
             "vocabularies": fingerprint({k: f.vocabulary.fingerprint_description() for k, f in features}),
             "output_features": fingerprint({k: f.fingerprint_description() for k, f in features}),
         }
+        if self.packing is not None:
+            parts["packing"] = fingerprint(self.fingerprint_description()["packing"])
+        return parts
 
     def shard_context(self, split: str, shard_index: int, seed: int,
                       sequence_length: Mapping[str, int] | None = None) -> ShardContext:

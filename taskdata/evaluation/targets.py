@@ -19,8 +19,10 @@ import numpy as np
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError, current_version, task_dir
 from taskdata.define.features import Feature
+from taskdata.define.packing import Packing
 from taskdata.define.task import Task
 from taskdata.evaluation.predictions import EvaluationError
+from taskdata.example.packing import unpack_row
 from taskdata.seeding import check_seed, format_example_id
 
 __all__ = ["CacheTargets", "SourceTargets", "TargetRecord", "TargetsSource", "resolve_version_dir"]
@@ -128,6 +130,9 @@ class CacheTargets:
             raise CacheFormatError(
                 f"{reader.version_dir} was built with seed {manifest.seed}, not {self.seed}: its targets are not the "
                 "ones the predictions were made for. Leave out --seed to use the cache's own seed.")
+        if manifest.packing is not None and task.packing is None:
+            # Built with 'taskdata cache --pack': the task as packed, so that its fingerprint can match.
+            task = task.with_packing(Packing(dict(manifest.packing["lengths"]), int(manifest.packing["open_rows"])))
         if manifest.task_fingerprint != task.fingerprint():
             ours = task.component_fingerprints()
             differ = [part for part, value in sorted(manifest.fingerprints.items()) if ours.get(part) != value and part != "task"]
@@ -138,15 +143,25 @@ class CacheTargets:
                 f"{', '.join(differ) or 'the whole definition'}; fingerprint {manifest.task_fingerprint[:12]}, now "
                 f"{task.fingerprint()[:12]}).{hint} Otherwise rebuild the cache or evaluate from source.")
         vocabulary = task.output_features["targets"].vocabulary
-        spec = {"targets": "int32", "provenance/source_shard_index": "int64", "provenance/index_within_shard": "int64"}
-        for shard, count in enumerate(reader.record_counts(split)):
-            for first in range(0, count, _BATCH):
-                n = min(_BATCH, count - first)
-                decoded = reader.decode(reader.read(split, shard, first, n), spec)
-                targets = decoded["targets"]
-                shards = np.asarray(decoded["provenance/source_shard_index"].values)
-                ordinals = np.asarray(decoded["provenance/index_within_shard"].values)
-                for i in range(n):
-                    ids = np.asarray(targets.values[targets.row_splits[i] : targets.row_splits[i + 1]])
-                    example_id = format_example_id(task.name, split, int(shards[i]), int(ordinals[i]))
-                    yield example_id, vocabulary.decode(ids), {"targets": ids}
+        for example_id, ids in _cached_targets(reader, task.name, split):
+            yield example_id, vocabulary.decode(ids), {"targets": ids}
+
+
+def _cached_targets(reader: Any, task: str, split: str) -> Iterator[tuple[str, np.ndarray]]:
+    """(example id, targets) of every example of a cache split, in cache order; a packed row's in segment order."""
+    packed = "targets" in reader.manifest.packed_features
+    spec = {"targets": "int32", "provenance/source_shard_index": "int64", "provenance/index_within_shard": "int64"}
+    if packed:
+        spec["targets_segment_ids"] = "int32"
+    for shard, count in enumerate(reader.record_counts(split)):
+        for first in range(0, count, _BATCH):
+            n = min(_BATCH, count - first)
+            decoded = reader.decode(reader.read(split, shard, first, n), spec)
+            for i in range(n):
+                row = {name: np.asarray(decoded[name].row(i)) for name in spec}
+                ordinals = row["provenance/index_within_shard"].tolist()
+                ids = zip(row["provenance/source_shard_index"].tolist(), ordinals, strict=True)
+                targets = ([segment["targets"] for segment in unpack_row(row, ["targets"], len(ordinals))]
+                           if packed else [row["targets"]])
+                for (source_shard, ordinal), values in zip(ids, targets, strict=True):
+                    yield format_example_id(task, split, source_shard, ordinal), values

@@ -6,6 +6,7 @@ from taskdata.preprocessors.filter import Filter, FilterEmpty
 from taskdata.preprocessors.masked_lm import MaskedLM
 from taskdata.preprocessors.prefix_lm import PrefixLM
 from taskdata.preprocessors.rekey import Rekey
+from taskdata.preprocessors.sentences import SplitSentences
 from taskdata.preprocessors.span_corruption import (
     SpanCorruption,
     random_spans_helper,
@@ -27,6 +28,7 @@ __all__ = [
     "Rekey",
     "ShardContext",
     "SpanCorruption",
+    "SplitSentences",
     "Tokenize",
     "Trim",
     "random_spans_helper",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from taskdata.config import Config
 from taskdata.define.features import Feature
+from taskdata.define.packing import Packing
 from taskdata.define.registry import Registry
 from taskdata.define.vocabularies import SentencePieceVocabulary
 from taskdata.preprocessors import (
@@ -18,6 +19,7 @@ from taskdata.preprocessors import (
     PrefixLM,
     Rekey,
     SpanCorruption,
+    SplitSentences,
     Tokenize,
 )
 from taskdata.sources import C4Source
@@ -74,6 +76,17 @@ def register_builtin_tasks(registry: Registry, config: Config | None = None, *, 
         sequence_length={"inputs": 512, "targets": 512},
         replace=replace,
     )
+    # Prefix LM over single sentences: ~30 tokens an example, so unpacked rows would be mostly padding;
+    # the _packed variant stores rows of several sentences (t5x's packed layout).
+    sentences = registry.add_task(
+        "c4_sentence_prefix_lm",
+        source,
+        [text_to_targets, SplitSentences(), Tokenize(), PrefixLM(), AppendEosAfterTrim()],
+        output_features=features,
+        sequence_length={"inputs": 256, "targets": 256},
+        replace=replace,
+    )
+    registry.add(sentences.with_packing(Packing(), name="c4_sentence_prefix_lm_packed"), replace=replace)
     registry.add_mixture(
         "c4_span_corruption_prefix_lm",
         [("c4_span_corruption", 1.0), ("c4_prefix_lm", 1.0)],

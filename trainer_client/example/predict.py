@@ -101,6 +101,11 @@ def first_examples(
     the split is smaller), in cache order."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be a positive integer but got {count!r}.")
+    if reader.manifest.packing is not None:
+        raise CacheFormatError(
+            f"Cache {reader.version_dir} of task {reader.task!r} holds packed rows of several examples; predictions "
+            "decode one example per record. Predict from an unpacked cache of the task (built without --pack, or "
+            "the task's unpacked variant).")
     missing = [name for name in ("inputs", *_PROVENANCE) if name not in reader.manifest.features]
     if missing:
         raise CacheFormatError(

@@ -389,6 +389,12 @@ def _train(args: argparse.Namespace, stop: _StopRequest) -> int:
             if batch.skipped:
                 entry: dict[str, Any] = {"step": batch.step, "skipped": True}
             else:
+                packed = sorted(name for name in batch.features if name not in lengths)
+                if packed:
+                    raise ValueError(
+                        f"Step {batch.step}: the run's caches are packed (the batch has {packed}), but the example "
+                        "model attends across a whole row and would mix the packed examples. Train it on unpacked "
+                        "caches; a packing-aware model takes the segment ids and positions from the batch.")
                 for name, array in batch.features.items():
                     if array.size and int(array.max()) >= config.vocab_size:
                         raise ValueError(
