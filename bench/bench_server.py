@@ -353,7 +353,7 @@ def in_process_breakdown(runs: list[dict], root: Path) -> list[str]:
                 for step in steps:
                     for host in range(HOSTS):
                         shards_body(
-                            run, host, HOSTS, host, [step_json(run, caches, host, step, memory, encoding)]
+                            run, host, HOSTS, host, step, [step_json(run, caches, host, step, memory, encoding)]
                         )
                 formatting[encoding] = (time.perf_counter() - started) / (len(steps) * HOSTS)
                 memory.clear_step_columns()

@@ -9,8 +9,9 @@ The answer is pre-shaped JSON text (no pydantic on the hot path; ``server.models
 documents the same shape, and the tests validate answers against it). Reads are columns of integers,
 written as JSON arrays (``encoding=ints``) or as base64 of little-endian int64 (``encoding=base64``,
 what the trainer client asks for: ~4x cheaper to write than decimal text). Each step's JSON depends
-only on (run, data shard, step, encoding), so it is kept by that key in a bounded LRU; nothing in it
-differs between processes, so any replica returns the same bytes.
+only on (run, plan fingerprint, data shard, step, encoding), so it is kept by that key in a bounded LRU;
+nothing in it differs between processes, so any replica returns the same bytes. (A run's plan may gain
+stages: the fingerprint in the key keeps answers of the plan before from being served after.)
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class StepColumns:
 
 def step_columns(plan: RunPlan, caches: Sequence[ResolvedCache], step: int) -> StepColumns | None:
     """The whole global batch of ``step``, every data shard at once (None past int64: ``_scalar_columns``)."""
-    positions = plan.schedule.positions(step)
+    positions = plan.positions(step)
     if not fits_int64(plan, positions):
         return None
     arrays = example_arrays(plan, positions)
@@ -166,7 +167,7 @@ def step_json(
     # exactly what json.dumps would (tests parse and compare every answer).
     return (
         f'{{"step":{step},"skipped":{"true" if skipped else "false"},'
-        f'"global_batch_size":{plan.schedule.batch_size(step)},'
+        f'"global_batch_size":{plan.batch_size(step)},'
         f'"positions":{{"start":{positions.start},"stop":{positions.stop}}},'
         f'"tasks":[{",".join(tasks)}],"order":{write(order)}}}'
     ).encode()
@@ -180,12 +181,18 @@ def _base64_column(values: np.ndarray) -> str:
     return f'"{base64_int64(values)}"'
 
 
-def shards_body(run: StoredRun, host: int, num_hosts: int, data_shard: int, steps: Sequence[bytes]) -> bytes:
-    """The whole ``server.models.ShardsResponse`` around already serialized steps."""
+def shards_body(
+    run: StoredRun, host: int, num_hosts: int, data_shard: int, last_step: int, steps: Sequence[bytes]
+) -> bytes:
+    """The whole ``server.models.ShardsResponse`` around already serialized steps, up to ``last_step``.
+
+    Its fingerprint is that of what decides the steps up to ``last_step`` (``RunPlan.fingerprint_before``):
+    a stage appended later in the run leaves the answer of every earlier step unchanged, byte for byte.
+    """
     head = _dumps(
         {
             "run": run.name,
-            "fingerprint": run.plan.fingerprint(),
+            "fingerprint": run.plan.fingerprint_before(last_step + 1),
             "split": run.split,
             "host": host,
             "num_hosts": num_hosts,
@@ -219,26 +226,27 @@ class _Encoded:
 class AnswerCache:
     """What the server remembers to answer fast, all of it pure functions of immutable inputs.
 
-    - serialized steps, a bounded, thread-safe LRU keyed by (run name, data shard, step, encoding);
-      run names are safe keys because a run's plan never changes once created (``taskdata.runs.RunStore``)
-      and the caches it pins are found by manifest hash;
-    - each step's ``StepColumns`` for all its data shards, in a small LRU keyed by (run name, step);
+    - serialized steps, a bounded, thread-safe LRU keyed by (run name, plan fingerprint, data shard, step,
+      encoding): a stored run's plan only changes by gaining stages (``taskdata.runs.RunStore``), which
+      changes its fingerprint, and the caches it pins are found by manifest hash;
+    - each step's ``StepColumns`` for all its data shards, in a small LRU keyed by (run name, plan
+      fingerprint, step);
     - per cache version, its task name, version and shard files as JSON text (encoded once);
     - per plan, task name -> index.
     """
 
     def __init__(self, max_entries: int):
         self._max = max_entries
-        self._entries: OrderedDict[tuple[str, int, int, str], bytes] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str, int, int, str], bytes] = OrderedDict()
         self._lock = threading.Lock()
         self._encoded: dict[tuple[str, str], _Encoded] = {}
-        self._columns: OrderedDict[tuple[str, int], StepColumns] = OrderedDict()
+        self._columns: OrderedDict[tuple[str, str, int], StepColumns] = OrderedDict()
         self._indices: dict[str, dict[str, int]] = {}
         self._empty: dict[int, StepColumns] = {}
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: tuple[str, int, int, str]) -> bytes | None:
+    def get(self, key: tuple[str, str, int, int, str]) -> bytes | None:
         with self._lock:
             value = self._entries.get(key)
             if value is None:
@@ -248,7 +256,7 @@ class AnswerCache:
                 self._entries.move_to_end(key)
             return value
 
-    def put(self, key: tuple[str, int, int, str], value: bytes) -> None:
+    def put(self, key: tuple[str, str, int, int, str], value: bytes) -> None:
         if self._max == 0:
             return
         with self._lock:
@@ -271,7 +279,7 @@ class AnswerCache:
         self, run_name: str, plan: RunPlan, caches: Sequence[ResolvedCache], step: int
     ) -> StepColumns | None:
         """``step_columns`` of ``step``, from a small LRU (two threads may both compute: equal results)."""
-        key = (run_name, step)
+        key = (run_name, plan.fingerprint(), step)
         with self._lock:
             found = self._columns.get(key)
             if found is not None:

@@ -2,7 +2,9 @@
 
 Runs come from two places: the runs file of the settings (read-only, loaded at start) and the cache
 root's ``_runs/`` folder (``POST /runs``, ``taskdata plan``), shared by every replica. A name means one
-plan in both; a conflict between them stops the server at start.
+plan in both; a conflict between them stops the server at start. A stored run may gain stages while the
+server runs (``POST /runs/{run}/stages`` on any replica, ``taskdata plan --add-stage``): the store reads
+its file again every ``run_refresh_seconds``.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def build_state(settings: Settings, registry: Any = None) -> ServerState:
             registry.load_module(module)
     # One spelling of the root everywhere (absolute), so that every message can be made relative to it.
     resolver = CacheResolver(settings.cache_root)
-    store = RunStore(resolver.cache_root)
+    store = RunStore(resolver.cache_root, refresh_seconds=settings.run_refresh_seconds)
     configured = _load_runs_file(settings.runs_file) if settings.runs_file else {}
     for name, run in configured.items():
         try:

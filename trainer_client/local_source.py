@@ -84,7 +84,7 @@ class LocalAssignments:
         return StepReads(
             step=step,
             skipped=assignment.skipped,
-            global_batch_size=plan.schedule.batch_size(step),
+            global_batch_size=plan.batch_size(step),
             positions=assignment.positions,
             tasks=tuple(tasks),
             order=tuple(index[e.task] for e in assignment.examples),

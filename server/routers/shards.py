@@ -107,7 +107,7 @@ async def get_shards(request: Request) -> Response:
         raise HTTPException(400, f"Run {stored.name!r}: {error}") from None
     caches = state.resolver.cached(stored) or await _first_use(state, stored)
     cache, encoding = state.answers, query.encoding
-    keys = [(stored.name, data_shard, s, encoding) for s in range(step, step + steps)]
+    keys = [(stored.name, plan.fingerprint(), data_shard, s, encoding) for s in range(step, step + steps)]
     parts: list[bytes | None] = [cache.get(key) for key in keys]
     missing = [i for i, part in enumerate(parts) if part is None]
     if len(missing) > 1:
@@ -120,7 +120,7 @@ async def get_shards(request: Request) -> Response:
     for i, part in zip(missing, computed, strict=True):
         parts[i] = part
         cache.put(keys[i], part)
-    body = shards_body(stored, host, hosts, data_shard, parts)  # type: ignore[arg-type]
+    body = shards_body(stored, host, hosts, data_shard, step + steps - 1, parts)  # type: ignore[arg-type]
     return Response(body, media_type="application/json")
 
 

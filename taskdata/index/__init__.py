@@ -22,6 +22,7 @@ from taskdata.index.mixing import Mixing
 from taskdata.index.permutation import EpochPermutation, epoch_and_index, permute_many, task_position_of
 from taskdata.index.plan import INDEX_MATH_VERSION, RunPlan, SkipRange, TaskCache, data_shard_for_host
 from taskdata.index.schedule import BatchSchedule
+from taskdata.index.stages import Stage, StagedMixing, StagedSchedule
 
 __all__ = [
     "INDEX_MATH_VERSION",
@@ -36,6 +37,9 @@ __all__ = [
     "RunPlan",
     "ShardLayout",
     "SkipRange",
+    "Stage",
+    "StagedMixing",
+    "StagedSchedule",
     "TaskCache",
     "assign",
     "data_shard_for_host",
