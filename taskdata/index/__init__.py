@@ -19,28 +19,34 @@ from taskdata.index.assign import (
 from taskdata.index.errors import PlanError
 from taskdata.index.layout import ShardLayout
 from taskdata.index.mixing import Mixing
+from taskdata.index.occurrences import Occurrence, occurrences, reads_before
 from taskdata.index.permutation import EpochPermutation, epoch_and_index, permute_many, task_position_of
 from taskdata.index.plan import INDEX_MATH_VERSION, RunPlan, SkipRange, TaskCache, data_shard_for_host
+from taskdata.index.progress import RunProgress, TaskProgress, progress
 from taskdata.index.schedule import BatchSchedule
-from taskdata.index.stages import Stage, StagedMixing, StagedSchedule
+from taskdata.index.stages import STAGE_SYNTAX, Stage, StagedMixing, StagedSchedule, parse_stage
 
 __all__ = [
     "INDEX_MATH_VERSION",
+    "STAGE_SYNTAX",
     "BatchSchedule",
     "EpochPermutation",
     "ExampleArrays",
     "ExampleRef",
     "HostAssignment",
     "Mixing",
+    "Occurrence",
     "PlanError",
     "ReadRun",
     "RunPlan",
+    "RunProgress",
     "ShardLayout",
     "SkipRange",
     "Stage",
     "StagedMixing",
     "StagedSchedule",
     "TaskCache",
+    "TaskProgress",
     "assign",
     "data_shard_for_host",
     "epoch_and_index",
@@ -49,8 +55,12 @@ __all__ = [
     "fits_int64",
     "global_batch",
     "locate_example",
+    "occurrences",
+    "parse_stage",
     "permute_many",
+    "progress",
     "read_runs",
+    "reads_before",
     "run_starts",
     "slice_positions",
     "task_position_of",

@@ -41,7 +41,7 @@ from taskdata.index.mixing import Mixing
 from taskdata.index.schedule import BatchSchedule
 from taskdata.rates import parse_rate
 
-__all__ = ["Stage", "StagedMixing", "StagedSchedule"]
+__all__ = ["STAGE_SYNTAX", "Stage", "StagedMixing", "StagedSchedule", "parse_stage"]
 
 _INT64_MAX = 2**63 - 1
 
@@ -140,6 +140,63 @@ class Stage:
             rates=data["rates"],
             schedule=None if schedule is None else BatchSchedule.from_dict(schedule),
         )
+
+
+STAGE_SYNTAX = (
+    "STEP:ITEM,ITEM,... where an ITEM is TASK=RATE (every task of the run, 0 leaves one out; any scale, "
+    "e.g. 0.7 or 7/10), batch=SIZE (a constant global batch), or batch=START..END/STEPS (a ramp over STEPS "
+    "steps from STEP on) with multiple-of=M (every ramp size a multiple of M)"
+)
+
+
+def parse_stage(text: str) -> Stage:
+    """A ``Stage`` from its command-line form (``STAGE_SYNTAX``), e.g. ``200000:a=0.5,b=0.5`` or
+    ``300000:batch=2048..4096/10000,multiple-of=256``."""
+    if not isinstance(text, str):
+        raise PlanError(f"A stage must be given as text ({STAGE_SYNTAX}) but got {text!r}.")
+    step, colon, spec = text.partition(":")
+    if not colon or not step.strip().isdigit() or not spec.strip():
+        raise PlanError(f"Stage {text!r}: expected {STAGE_SYNTAX}.")
+    rates: dict[str, str] = {}
+    batch = multiple_of = None
+    for item in spec.split(","):
+        key, equals, value = (part.strip() for part in item.partition("="))
+        if not equals or not key or not value:
+            raise PlanError(f"Stage {text!r}: {item!r} is not KEY=VALUE; expected {STAGE_SYNTAX}.")
+        if key in rates or (key == "batch" and batch is not None) or (key == "multiple-of" and multiple_of is not None):
+            raise PlanError(f"Stage {text!r} gives {key!r} twice.")
+        if key == "batch":
+            batch = value
+        elif key == "multiple-of":
+            multiple_of = _spec_int(text, key, value)
+        else:
+            rates[key] = value
+    schedule = None
+    if batch is not None:
+        size, dots, ramp = batch.partition("..")
+        if not dots:
+            if multiple_of is not None:
+                raise PlanError(f"Stage {text!r}: multiple-of applies to a ramp (batch=START..END/STEPS).")
+            schedule = BatchSchedule.constant(_spec_int(text, "batch", size))
+        else:
+            end, slash, steps = ramp.partition("/")
+            if not slash:
+                raise PlanError(f"Stage {text!r}: a ramp is batch=START..END/STEPS, e.g. batch=2048..4096/10000.")
+            schedule = BatchSchedule.ramp(
+                _spec_int(text, "batch start", size),
+                _spec_int(text, "batch end", end),
+                _spec_int(text, "ramp steps", steps),
+                multiple_of=1 if multiple_of is None else multiple_of,
+            )
+    elif multiple_of is not None:
+        raise PlanError(f"Stage {text!r}: multiple-of applies to a ramp (batch=START..END/STEPS).")
+    return Stage(int(step), rates or None, schedule)
+
+
+def _spec_int(text: str, what: str, value: str) -> int:
+    if not value.strip().isdigit():
+        raise PlanError(f"Stage {text!r}: {what} must be a whole number but got {value!r}.")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -146,6 +146,7 @@ def build_run(
     num_data_shards: int,
     skip: Sequence[SkipRange] = (),
     split: str = "train",
+    stages: Sequence[Stage] = (),
     warn: Callable[[str], None] | None = None,
 ) -> StoredRun:
     """A run over the CURRENT complete cache version of every task of ``mixture`` (a task or mixture).
@@ -194,6 +195,7 @@ def build_run(
             num_data_shards=num_data_shards,
             skip=tuple(skip),
             split=split,
+            stages=tuple(stages),
         )
     except PlanError as error:
         raise RunError(str(error)) from None
