@@ -85,6 +85,10 @@ def plot_run(
     for t, name in enumerate(names):
         epoch_axes.plot(steps, epochs[t], color=colors[t], label=name, linewidth=2)
     epoch_axes.set_ylabel("epochs (per task)")
+    finals = [series[-1] for series in epochs if series[-1] > 0]
+    if finals and max(finals) > 20 * max(min(finals), 1):
+        # Tasks of very different sizes: on a log scale above one epoch, each one's line stays readable.
+        epoch_axes.set_yscale("symlog", linthresh=1)
     epoch_axes.set_ylim(bottom=0)
 
     batch = figure.add_subplot(grid[2, :], sharex=mix)
@@ -93,14 +97,21 @@ def plot_run(
     batch.set_xlabel("step")
     batch.set_ylim(bottom=0)
 
+    skips = [(r.start, min(r.stop, until)) for r in plan.skip if r.start < until]
     for axes in (mix, epoch_axes, batch):
         axes.grid(alpha=0.3)
+        for start, stop in skips:
+            axes.axvspan(start, stop, color="0.5", alpha=0.35, linewidth=0)
         for k, start in enumerate(boundaries):
             axes.axvline(start, color="black", linestyle="--", linewidth=1.2)
             if axes is mix:
+                stage = plan.stages[k]
+                what = "+".join(w for w, v in (("rates", stage.rates), ("batch", stage.schedule)) if v is not None)
                 axes.annotate(
-                    f"stage {k + 1}", (start, 1.0), xytext=(3, -12), textcoords="offset points", fontsize=9
+                    f"stage {k + 1}: {what}", (start, 1.0), xytext=(3, -12), textcoords="offset points", fontsize=9
                 )
+    if skips:
+        mix.annotate("grey: skipped steps", (0, 0), xytext=(3, 3), textcoords="offset points", fontsize=8)
 
     for i, name in enumerate(histogram_tasks):
         axes = figure.add_subplot(grid[3 + i // columns, i % columns])
