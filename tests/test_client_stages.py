@@ -1,0 +1,117 @@
+"""Stages and the trainer client: a checkpoint resumes after a stage appended at or after its step (and
+never after a change to the steps it trained), and a trainer reading from the server goes on under a
+stage appended ahead of it, with the batches a fresh run of the new plan gives."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import httpx
+import pytest
+
+from taskdata.index import BatchSchedule, Stage
+from taskdata.runs import RunStore, StoredRun
+from tests.client_helpers import LENGTHS, features_equal, serve, shared_root
+from trainer_client.assignments import AssignmentError, HostSlice
+from trainer_client.iterator import DataIterator, DataState, ResumeError
+from trainer_client.local_source import LocalAssignments
+from trainer_client.server_source import ServerAssignments
+
+RATES = {"toy_det": 1, "toy_random": 0}
+
+
+@pytest.fixture
+def root(tmp_path_factory, tmp_path):
+    """A copy of the shared client root (which must not change), with run 'live' = mix4 under a new name."""
+    copy = tmp_path / "root"
+    shutil.copytree(shared_root(tmp_path_factory), copy)
+    store = RunStore(str(copy))
+    store.create(StoredRun(dataclasses.replace(store.get("mix4").plan, name="live")))
+    return str(copy)
+
+
+def local(root, plan=None):
+    run = RunStore(root).get("live") if plan is None else StoredRun(plan)
+    return LocalAssignments.from_cache_root(run, root)
+
+
+def batches(source, start=0, stop=20, **kwargs):
+    with DataIterator(source, LENGTHS, start=start, host_slice=HostSlice(1, 2), stop_step=stop, **kwargs) as it:
+        out = [(b.step, b.features) for b in it]
+        return out, it.state()
+
+
+def same(a, b):
+    return [s for s, _ in a] == [s for s, _ in b] and all(
+        features_equal(x, y) for (_, x), (_, y) in zip(a, b, strict=True)
+    )
+
+
+def test_a_checkpoint_resumes_after_a_stage_appended_at_or_after_its_step(root):
+    store = RunStore(root)
+    old = store.get("live").plan
+    trained, state = batches(local(root), stop=6)
+    assert state == DataState(6, old.fingerprint())
+    new, _ = store.add_stage("live", Stage(8, RATES, BatchSchedule.constant(8)), current_step=6)
+    assert new.plan.fingerprint() != old.fingerprint() and new.plan.fingerprint_before(6) == state.fingerprint
+    resumed, after = batches(local(root), start=state, stop=14)
+    fresh, _ = batches(local(root), stop=14)
+    assert same(trained + resumed, fresh)  # the checkpointed run is a run of the new plan from step 0
+    assert same(resumed[:2], batches(local(root, old), start=6, stop=8)[0])  # steps 6, 7: as before
+    assert not same(resumed[2:], batches(local(root, old), start=8, stop=14)[0])  # from step 8: the stage
+    assert after == DataState(14, new.plan.fingerprint())
+    # A checkpoint taken after the stage started under the old plan trained other data: refused.
+    _, late = batches(local(root, old), start=DataState(6, old.fingerprint()), stop=10)
+    with pytest.raises(ResumeError, match="steps before the checkpoint's step 10"):
+        batches(local(root), start=late, stop=12)
+
+
+def test_a_checkpoint_never_resumes_after_a_change_to_the_steps_it_trained(root):
+    old = RunStore(root).get("live").plan
+    _, state = batches(local(root), stop=6)
+    changed = dataclasses.replace(old, stages=(Stage(5, RATES),))  # what the store refuses to append
+    with pytest.raises(ResumeError, match=f"fingerprint {state.fingerprint}, but run 'live' has fingerprint"):
+        batches(local(root, changed), start=state, stop=8)
+    later = dataclasses.replace(old, stages=(Stage(6, RATES),))  # starts at the checkpoint's step: fine
+    assert batches(local(root, later), start=state, stop=8)[1].step == 8
+
+
+def test_a_trainer_goes_on_under_a_stage_appended_ahead_of_it(root):
+    with serve(root, run_refresh_seconds=0) as url:
+        source = ServerAssignments(url, "live")
+        with DataIterator(source, LENGTHS, host_slice=HostSlice(1, 2), lookahead=2, prefetch=1, stop_step=40) as it:
+            seen = [(b.step, b.features) for _, b in zip(range(5), it, strict=False)]
+            start = 5 + 12  # past anything the trainer has fetched (it holds a few lookahead windows)
+            response = httpx.post(
+                f"{url}/runs/live/stages",
+                json={"start": start, "rates": RATES, "batch": {"start": 8}, "current_step": start},
+            )
+            assert response.status_code == 201, response.text
+            seen += [(b.step, b.features) for b in it]
+            assert it.info.plan.stages and it.info.plan.stages[0].start == start
+            assert it.state() == DataState(40, it.info.plan.fingerprint())
+    fresh, _ = batches(local(root), stop=40)  # the new plan, from step 0, with no server
+    assert same(seen, fresh)
+    assert all(len(features["targets"]) == 4 for step, features in seen if step >= start)  # 8 over 2 hosts
+
+
+def test_a_trainer_refuses_a_plan_changed_under_steps_it_was_handed(root):
+    with serve(root, run_refresh_seconds=0) as url:
+        it = DataIterator(ServerAssignments(url, "live"), LENGTHS, host_slice=HostSlice(0, 2), lookahead=2,
+                          prefetch=1, stop_step=60)
+        with it:
+            for _, _ in zip(range(8), it, strict=False):
+                pass
+            # Written behind the store's back: a stage at step 3, which the trainer has trained already.
+            path = RunStore(root).path("live")
+            record = json.loads(open(path).read())
+            record["plan"]["stages"] = [
+                {"start": 3, "rates": {"toy_det": "1", "toy_random": "0"}, "schedule": None}
+            ]
+            with open(path, "w") as f:
+                json.dump(record, f)
+            with pytest.raises(AssignmentError, match="changes steps before step"):
+                for _ in it:
+                    pass
