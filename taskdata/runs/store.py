@@ -338,10 +338,11 @@ class RunStore:
 
 
 def _created_as(existing: StoredRun, run: StoredRun) -> bool:
-    """Whether ``existing`` is ``run`` (a plan without stages) with stages appended since it was created."""
-    if run.plan.stages or not existing.plan.stages:
+    """Whether ``existing`` is ``run`` with stages appended since it was created."""
+    kept = run.plan.stages
+    if len(existing.plan.stages) <= len(kept):
         return False
-    return dataclasses.replace(existing.plan, stages=()).to_dict() == run.plan.to_dict()
+    return dataclasses.replace(existing.plan, stages=existing.plan.stages[: len(kept)]).to_dict() == run.plan.to_dict()
 
 
 def _is_run_file(file_name: str) -> bool:
