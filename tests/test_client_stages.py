@@ -9,6 +9,7 @@ import json
 import shutil
 
 import httpx
+import numpy as np
 import pytest
 
 from taskdata.index import BatchSchedule, Stage
@@ -115,3 +116,61 @@ def test_a_trainer_refuses_a_plan_changed_under_steps_it_was_handed(root):
             with pytest.raises(AssignmentError, match="changes steps before step"):
                 for _ in it:
                     pass
+
+
+# --- the example trainer, as separate processes ---------------------------------------------------
+
+
+def ledger_hashes(root, plan, steps) -> dict[int, str]:
+    """The hash of each step's global batch computed from the ledger's records alone: read, decode, pad."""
+    from taskdata.runs import open_views, step_ledger
+    from trainer_client.digest import batch_hash, row_digests
+
+    views = open_views(plan, root)
+    out = {}
+    try:
+        for step in steps:
+            entries = step_ledger(plan, views, step).entries
+            rows = {name: np.zeros((len(entries), length), np.int32) for name, length in LENGTHS.items()}
+            for i, e in enumerate(entries):
+                reader = views[e.task].reader
+                decoded = reader.decode(reader.read_records(plan.split, [e.shard], [e.record]),
+                                        dict.fromkeys(LENGTHS, "int32"))
+                for name in LENGTHS:
+                    values = decoded[name].values
+                    rows[name][i, : len(values)] = values
+            out[step] = batch_hash(row_digests(rows))
+    finally:
+        for view in views.values():
+            view.close()
+    return out
+
+
+@pytest.mark.slow
+def test_the_trainers_batch_log_is_the_ledger_and_a_checkpoint_resumes_across_an_appended_stage(
+    root, tmp_path_factory, tmp_path
+):
+    from tests.client_helpers import MODEL_ARGS, Trainer, shared_compilation_cache, trainers
+    from trainer_client.example.batch_log import read_batch_log
+
+    store = RunStore(root)
+    old = store.get("live").plan
+    args = [
+        "--cache-root", root, "--run", "live", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--checkpoint-every", "3", "--log", str(tmp_path / "log.jsonl"), "--inputs-length", "8",
+        "--targets-length", "176", "--compilation-cache", shared_compilation_cache(tmp_path_factory), *MODEL_ARGS,
+    ]  # fmt: skip
+    with trainers([Trainer([*args, "--steps", "6"], stderr_path=str(tmp_path / "err"))]) as (first,):
+        first.check(180)
+    # Appended while the run is stopped at its step-6 checkpoint: from step 9, only toy_det, 8 a step.
+    new, _ = store.add_stage("live", Stage(9, RATES, BatchSchedule.constant(8)), current_step=6)
+    with trainers([Trainer([*args, "--steps", "14"], stderr_path=str(tmp_path / "err"))]) as (second,):
+        second.check(180)
+    log = read_batch_log(str(tmp_path / "log.jsonl"))
+    assert sorted(log) == list(range(14))
+    assert [log[s]["examples"] for s in range(14)] == [new.plan.batch_size(s) for s in range(14)]
+    expected = ledger_hashes(root, new.plan, range(14))
+    assert {s: entry["hash"] for s, entry in log.items()} == expected
+    # Negative control: without the stage, the ledger says other batches from step 9 on.
+    before = ledger_hashes(root, old, range(14))
+    assert all(before[s] == expected[s] for s in range(9)) and all(before[s] != expected[s] for s in range(9, 14))
