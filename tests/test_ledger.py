@@ -16,14 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taskdata.cache.reader import CacheReader
 from taskdata.cache.shuffle import shard_of_key, shuffle_key
 from taskdata.example import decode_example
 from taskdata.index import BatchSchedule, SkipRange, Stage, global_batch
 from taskdata.runs import LedgerError, example_ledger, format_summary, open_views, step_ledger, summarize
 from taskdata.runs.plot import plot_run
 from taskdata.seeding import format_example_id, parse_example_id
-from tests.test_runs import make_registry, mix_run, shared_caches
+from tests.test_runs import mix_run, shared_caches
 
 STAGES = (
     Stage(5, {"toy_det": 1, "toy_random": 0, "toy_text": 3}),
@@ -108,7 +107,7 @@ def test_a_step_ledger_refuses_half_a_host_and_a_host_count_that_does_not_fit(pl
 def test_every_record_is_found_by_its_stable_id(plan, views):
     for task, view in views.items():
         for shard, count in enumerate(view.record_counts):
-            ids = [p["id"] for p in view.provenance(np.full(count, shard), np.arange(count))]
+            ids = view.provenance(np.full(count, shard), np.arange(count))["id"]
             for record, example_id in enumerate(ids):
                 assert view.find(example_id) == (shard, record)
                 _, split, source_shard, ordinal = parse_example_id(example_id)
@@ -142,7 +141,7 @@ def brute_reads(plan, task, shard, record, from_step, until_step):
 def test_an_example_ledger_lists_exactly_the_steps_that_read_it(plan, views, task):
     view = views[task]
     for shard, record in [(0, 0), (1, view.record_counts[1] - 1)]:
-        example_id = view.provenance(np.array([shard]), np.array([record]))[0]["id"]
+        example_id = view.provenance(np.array([shard]), np.array([record]))["id"][0]
         expected = brute_reads(plan, task, shard, record, 3, 90)
         ledger = example_ledger(plan, views, example_id, from_step=3, until_step=90, limit=1000)
         got = [(r.epoch, r.step, r.position, r.data_shard, r.skipped) for r in ledger.reads]
@@ -155,7 +154,7 @@ def test_an_example_ledger_lists_exactly_the_steps_that_read_it(plan, views, tas
 
 def test_a_task_left_out_of_the_last_stage_is_read_no_more(plan, views):
     view = views["toy_det"]  # rate 0 from step 20 on
-    example_id = view.provenance(np.array([0]), np.array([0]))[0]["id"]
+    example_id = view.provenance(np.array([0]), np.array([0]))["id"][0]
     ledger = example_ledger(plan, views, example_id, limit=1000)
     assert ledger.reads and ledger.reads[-1].step < 20 and not ledger.truncated and ledger.total is None
     everything = example_ledger(plan, views, example_id, until_step=10**15, limit=1000)
