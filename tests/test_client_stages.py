@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 import shutil
 
 import httpx
@@ -106,13 +107,12 @@ def test_a_trainer_refuses_a_plan_changed_under_steps_it_was_handed(root):
             for _, _ in zip(range(8), it, strict=False):
                 pass
             # Written behind the store's back: a stage at step 3, which the trainer has trained already.
-            path = RunStore(root).path("live")
-            record = json.loads(open(path).read())
+            path = pathlib.Path(RunStore(root).path("live"))
+            record = json.loads(path.read_text())
             record["plan"]["stages"] = [
                 {"start": 3, "rates": {"toy_det": "1", "toy_random": "0"}, "schedule": None}
             ]
-            with open(path, "w") as f:
-                json.dump(record, f)
+            path.write_text(json.dumps(record))
             with pytest.raises(AssignmentError, match="changes steps before step"):
                 for _ in it:
                     pass
