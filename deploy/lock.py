@@ -1,6 +1,6 @@
 """Writes requirements.lock: exact versions of everything the image installs, from a tested environment.
 
-The closure of taskdata's runtime dependencies plus the ``client`` extra (JAX), with each package's
+The closure of taskdata's runtime dependencies plus the ``client`` (JAX) and ``plot`` (matplotlib) extras, with each package's
 version as installed in the environment this runs in (the one the test suite passed in), so the image
 runs what was tested. Test-only tools (pytest, ruff, emulators) are not in it.
 
@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCK = os.path.join(ROOT, "requirements.lock")
-IMAGE_EXTRAS = ("client",)
+IMAGE_EXTRAS = ("client", "plot")
 
 
 def declared_requirements() -> list[Requirement]:

@@ -195,7 +195,8 @@ class StepReads(_Model):
 class ShardsResponse(_Model):
     run: str
     fingerprint: str = Field(
-        description="The run's fingerprint: a checkpoint resumes only against the same one."
+        description="The fingerprint of the run's plan as far as it decides these steps (the run's "
+        "fingerprint, unless stages start after them): a checkpoint resumes only against the same one."
     )
     split: str
     host: Count
