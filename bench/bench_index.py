@@ -260,9 +260,10 @@ def run() -> list[str]:
 
 
 def staged(plan: RunPlan, count: int, last: int = 10**9) -> RunPlan:
-    """``plan`` with ``count`` stages spread over steps 1 .. ``last``: each changes the rates, and every
-    other one the batch size too (2048 or 1024: the rates stay exact, the batch splits into 8)."""
+    """``plan`` in ``count`` stages: its own, then ``count - 1`` spread over steps 1 .. ``last``; each changes
+    the rates, and every other one the batch size too (2048 or 1024: the batch splits into 8)."""
     stages = []
+    count -= 1
     for k in range(1, count + 1):
         rates = {"c4_span_corruption": 1 + k % 5, "wiki_lm": 1 + k % 3, "glue_cola": k % 2}
         batch = BatchSchedule.constant(2048 if k % 4 < 2 else 1024) if k % 2 else None
@@ -399,21 +400,28 @@ def ledger_costs(root: pathlib.Path) -> list[str]:
         with CacheReader(str(root / task / "v20260101T000000Z-ledger")) as reader:
             caches[task] = TaskCache(fingerprint, reader.record_counts("train"))
     base = dataclasses.replace(request_plan(64), caches=caches)
-    shapes = ", ".join(f"{t}: {len(c)} shards of ~{sum(c) // len(c):,} records" for t, c in LEDGER_SHARDS.items())
+    shapes = ", ".join(
+        f"{t}: {len(c)} shard{'s' if len(c) > 1 else ''} of ~{sum(c) // len(c):,} records" for t, c in LEDGER_SHARDS.items()
+    )
     lines = [
         f"  - ledger and summary over caches in the job's format ({shapes}; span-corruption-sized records, "
         "1.9 KB), global batch 2048, 8 data shards, files in the page cache, wall time, median of 7:"
     ]
     for count in (1, 100):
-        plan = base if count == 1 else staged(base, count)
+        plan = staged(base, count)
         views = open_views(plan, str(root))
         try:
             for step in (10**6, 10**9):
                 step_ledger(plan, views, step)  # loads the offsets sidecars the step touches, once
                 whole = per_call(lambda s=step, p=plan, v=views: step_ledger(p, v, s), repeat=7)
                 host = per_call(lambda s=step, p=plan, v=views: step_ledger(p, v, s, host=3, num_hosts=8), repeat=7)
-                entry = step_ledger(plan, views, step).entries[100]
-                probes = int(np.ceil(np.log2(views[entry.task].record_counts[entry.shard] + 1)))
+                index_math = per_call(lambda s=step, p=plan: examples_at(p, p.positions(s)), repeat=7)
+                # Examples of the largest task: shards of 100,000 records.
+                largest = [e for e in step_ledger(plan, views, step).entries if e.task == "c4_span_corruption"]
+                entry = largest[0]
+                view = views[entry.task]
+                binary = int(np.ceil(np.log2(view.record_counts[entry.shard] + 1)))
+                probes = _probes(view, [e.id for e in largest[:200]])
                 find = per_call(lambda e=entry, v=views: v[e.task].find(e.id), repeat=7)
                 example = per_call(
                     lambda e=entry, s=step, p=plan, v=views: example_ledger(
@@ -424,15 +432,30 @@ def ledger_costs(root: pathlib.Path) -> list[str]:
                 summary = per_call(lambda s=step, p=plan, v=views: summarize(p, v, s), repeat=7)
                 lines.append(
                     f"  - {count} stage{'s' if count > 1 else ''}, step {step:,}: ledger by step {whole * 1e3:.2f} ms "
-                    f"(2048 examples), {host * 1e3:.2f} ms (one host's 256); ledger by example "
-                    f"{example * 1e3:.2f} ms (its search by shuffle key {find * 1e3:.2f} ms, ~{probes} one-record "
-                    f"reads, in a {entry.task} shard; then its first 10 reads from the step and the count of its "
-                    f"reads in the next 10^6 steps); summary {summary * 1e3:.2f} ms"
+                    f"(2048 examples, of which the index math {index_math * 1e3:.2f} ms; the rest reads and "
+                    f"decodes each record's provenance), {host * 1e3:.2f} ms (one host's 256); ledger by example "
+                    f"{example * 1e3:.2f} ms (its search by shuffle key {find * 1e3:.2f} ms: {probes:.1f} one-record "
+                    f"reads on average over 200 {entry.task} examples of the step, a binary search takes {binary}; then its "
+                    f"first 10 reads from the step and the count of its reads in the next 10^6 steps); summary "
+                    f"{summary * 1e3:.2f} ms"
                 )
         finally:
             for view in views.values():
                 view.close()
     return lines
+
+
+def _probes(view: object, ids: list[str]) -> float:
+    """One-record reads per search, on average over ``ids``."""
+    reads = []
+    original = view._key  # type: ignore[attr-defined]
+    view._key = lambda shard, record: reads.append(1) or original(shard, record)  # type: ignore[attr-defined]
+    try:
+        for example_id in ids:
+            view.find(example_id)  # type: ignore[attr-defined]
+    finally:
+        del view._key  # type: ignore[attr-defined]
+    return len(reads) / len(ids)
 
 
 def write(lines: list[str], command: str) -> None:

@@ -4,6 +4,7 @@ and stores in other processes seeing an append once their refresh interval has p
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -73,3 +74,23 @@ def test_creating_a_run_again_is_unchanged_even_after_stages_were_appended(cache
         store.create(mix_run(caches, seed=8))
     with pytest.raises(RunConflictError):  # the same plan with another first stage is another run
         store.create(mix_run(caches, stages=(Stage(10, {"toy_det": 1, "toy_random": 1, "toy_text": 1}),)))
+
+
+def test_a_store_with_a_refresh_interval_answers_at_once_and_reads_the_file_in_the_background(caches, tmp_path):
+    writer = RunStore(str(tmp_path))
+    writer.create(mix_run(caches))
+    reader = RunStore(str(tmp_path), refresh_seconds=0.01)
+    before = reader.get("mix")
+    after, _ = writer.add_stage("mix", Stage(50, schedule=BatchSchedule.constant(32)), current_step=50)
+    time.sleep(0.02)
+    assert reader.get("mix") is before  # stale: answered from memory, the file is being read
+    deadline = time.monotonic() + 10
+    while reader.get("mix") != after:
+        assert time.monotonic() < deadline, "the background read never brought the appended stage"
+        time.sleep(0.01)
+    (tmp_path / "_runs" / "mix.json").write_text("{")  # damaged: the next read in the open says so
+    deadline = time.monotonic() + 10
+    with pytest.raises(RunError, match="is not valid JSON"):
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            reader.get("mix")

@@ -235,7 +235,10 @@ class RunStore:
     """Runs stored as ``{root}/_runs/{name}.json``; a stored run only ever gains stages (``add_stage``).
 
     ``refresh_seconds``: how long a run read from its file is used before the file is read again (to see
-    stages appended by another process; an unchanged file keeps the same ``StoredRun`` object).
+    stages appended by another process; an unchanged file keeps the same ``StoredRun`` object). Past that,
+    ``get`` still answers at once with the run it has and reads the file in a background thread (a read
+    on an object store takes tens of milliseconds, which a server's event loop must not wait for); with
+    0, every ``get`` reads the file.
     """
 
     def __init__(self, cache_root: str, *, refresh_seconds: float = 5.0):
@@ -246,6 +249,7 @@ class RunStore:
         self._lock = threading.Lock()
         # name -> (run, the file's bytes, when they were read: time.monotonic())
         self._known: dict[str, tuple[StoredRun, bytes, float]] = {}
+        self._refreshing: set[str] = set()
 
     def path(self, name: str) -> str:
         try:
@@ -256,9 +260,28 @@ class RunStore:
     def get(self, name: str) -> StoredRun | None:
         """The stored run, or None; read from its file again once ``refresh_seconds`` have passed."""
         known = self._known.get(name)
-        if known is not None and time.monotonic() - known[2] < self._refresh:
-            return known[0]
-        return self._read(name)
+        if known is None or self._refresh == 0:
+            return self._read(name)
+        if time.monotonic() - known[2] >= self._refresh:
+            self._read_in_background(name)
+        return known[0]
+
+    def _read_in_background(self, name: str) -> None:
+        with self._lock:
+            if name in self._refreshing:
+                return
+            self._refreshing.add(name)
+
+        def read() -> None:
+            try:
+                self._read(name)
+            except Exception:
+                # A file that no longer reads as a run: the next get reads it in the open and raises.
+                self._known.pop(name, None)
+            finally:
+                self._refreshing.discard(name)
+
+        threading.Thread(target=read, name=f"read-run-{name}", daemon=True).start()
 
     def _read(self, name: str) -> StoredRun | None:
         path = self.path(name)
