@@ -8,6 +8,13 @@ step number (10 vs 10**6 vs 10**9) or with the number of cache shards (64 vs 65,
 The first figures are the assignment server's request: one host's 256-example slice of a 2048-example
 global batch (3-task mixture, 8 data shards), answered by the scalar chain (the code before it was
 vectorised, kept here as the reference), by ``assign`` and by ``example_arrays`` (no objects).
+
+Then stages (plans of 1, 10 and 100 stages: lookups should not grow with them), and the ledger and
+the summary over a cache written here in the cache job's format (records keyed by the keyed hash of
+their stable ids, bucketed and sorted as ``taskdata.cache.shuffle`` says, with the job's provenance
+features; span-corruption-sized records, 100,000 per shard of the largest task): by step (the whole
+global batch of 2048 and one host's slice of 256), by example (the search by shuffle key plus its reads
+from the step on), and the summary; target: each under 10 ms.
 """
 
 from __future__ import annotations
@@ -16,9 +23,13 @@ import argparse
 import dataclasses
 import datetime
 import pathlib
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+
+import numpy as np
 
 from taskdata.index import (
     BatchSchedule,
@@ -28,6 +39,7 @@ from taskdata.index import (
     Mixing,
     ReadRun,
     RunPlan,
+    Stage,
     TaskCache,
     assign,
     epoch_and_index,
@@ -134,7 +146,7 @@ def request_costs() -> list[str]:
                     "scalar": lambda p=plan, w=window: [scalar_assign(p, s, 3) for s in w],
                     "assign": lambda p=plan, w=window: [assign(p, s, 3) for s in w],
                     "arrays": lambda p=plan, w=window: [arrays_request(p, s, 3) for s in w],
-                    "step": lambda p=plan, w=window: [example_arrays(p, p.schedule.positions(s)) for s in w],
+                    "step": lambda p=plan, w=window: [example_arrays(p, p.positions(s)) for s in w],
                 }
             )
             scalar, vector, arrays, whole = (
@@ -205,9 +217,9 @@ def run() -> list[str]:
     ]
     plans = {shards: make_plan(shards) for shards in SHARD_COUNTS}
     for shards, plan in plans.items():
-        batch_at = {step: plan.schedule.batch_size(step) for step in STEPS}
+        batch_at = {step: plan.batch_size(step) for step in STEPS}
         for step in STEPS:
-            position = plan.schedule.first_position(step)
+            position = plan.first_position(step)
             one = per_call(lambda p=position, plan=plan: examples_at(plan, range(p, p + 1)))
             # A host's whole slice, over 5 consecutive steps (the server's access pattern).
             slice_time = (
@@ -244,10 +256,214 @@ def run() -> list[str]:
     return lines
 
 
+# --- stages ----------------------------------------------------------------------------------------
+
+
+def staged(plan: RunPlan, count: int, last: int = 10**9) -> RunPlan:
+    """``plan`` in ``count`` stages: its own, then ``count - 1`` spread over steps 1 .. ``last``; each changes
+    the rates, and every other one the batch size too (2048 or 1024: the batch splits into 8)."""
+    stages = []
+    count -= 1
+    for k in range(1, count + 1):
+        rates = {"c4_span_corruption": 1 + k % 5, "wiki_lm": 1 + k % 3, "glue_cola": k % 2}
+        batch = BatchSchedule.constant(2048 if k % 4 < 2 else 1024) if k % 2 else None
+        stages.append(Stage(max(1, last * k // count - 3), rates, batch))
+    return dataclasses.replace(plan, stages=tuple(stages))
+
+
+def stage_costs() -> list[str]:
+    base = request_plan(64)
+    lines = []
+    for count in (1, 10, 100):
+        built = per_call(lambda c=count: staged(base, c).mixing, repeat=3)
+        plan = staged(base, count)
+        plan.mixing  # noqa: B018 (built once per plan object, as the server keeps it)
+        parts = []
+        for step in (10**6, 10**9):
+            position = plan.first_position(step) + 7
+            task, task_position = plan.mixing.locate(position)
+            one = per_call(lambda p=position, plan=plan: examples_at(plan, range(p, p + 1)))
+            inverse = per_call(lambda t=task, n=task_position, plan=plan: plan.mixing.position_of(t, n))
+            host = per_call(lambda s=step, plan=plan: assign(plan, s, 3), repeat=5)
+            steps = per_call(lambda s=step, plan=plan: plan.positions(s))
+            parts.append(
+                f"step {step:,}: positions {steps * 1e6:.1f} us, one position -> record {one * 1e6:.1f} us, "
+                f"task position -> position {inverse * 1e6:.1f} us, host slice of 256 {host * 1e3:.2f} ms"
+            )
+        lines.append(f"  - {count} stage{'s' if count > 1 else ''} (building the plan's stage tables "
+                     f"{built * 1e3:.1f} ms, once per plan): " + "; ".join(parts))
+    return lines
+
+
+# --- ledger and summary over a cache in the real format ----------------------------------------------
+
+# Records per shard of each task (the largest like a 256 MB shard of span-corruption examples).
+LEDGER_SHARDS = {"c4_span_corruption": (100_000, 100_000), "wiki_lm": (20_000, 20_000), "glue_cola": (2_000,)}
+
+
+def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], seed: int = 0) -> str:
+    """A complete cache version of ``task`` as the cache job lays it out: ``sum(counts)`` examples of
+    ``len(counts)`` source shards, each record keyed by ``shuffle_key(seed, stable id)``, put in the shard
+    of its key range and sorted by key there, with the job's provenance features. Returns its fingerprint."""
+    import hashlib
+    import json
+
+    from taskdata.beam.pipeline import PROVENANCE
+    from taskdata.cache.format import (
+        Manifest,
+        ShardEntry,
+        SplitManifest,
+        completed_bytes,
+        manifest_bytes,
+        offsets_name,
+        shard_name,
+    )
+    from taskdata.cache.shuffle import shard_of_key, shuffle_key
+    from taskdata.cache.tfrecord import TFRecordWriter, write_offsets
+    from taskdata.example import encode_example
+
+    version_dir = root / task / "v20260101T000000Z-ledger"
+    (version_dir / "index").mkdir(parents=True, exist_ok=True)
+    num_shards = len(counts)
+    ids = [(source, ordinal) for source, count in enumerate(counts) for ordinal in range(count)]
+    keys = [shuffle_key(seed, task, "train", source, ordinal) for source, ordinal in ids]
+    buckets: list[list[int]] = [[] for _ in range(num_shards)]
+    for i in np.argsort(np.array(keys, np.uint64), kind="stable").tolist():
+        buckets[shard_of_key(keys[i], num_shards)].append(i)
+    rng = np.random.default_rng(0)
+    entries, stats_tokens = [], {"inputs": 0, "targets": 0}
+    histograms: dict[str, dict[int, int]] = {"inputs": {}, "targets": {}}
+    for shard, members in enumerate(buckets):
+        file = version_dir / shard_name("train", shard, num_shards)
+        longest = 0
+        with open(file, "wb") as f:
+            writer = TFRecordWriter(f)
+            for i in members:
+                source, ordinal = ids[i]
+                lengths = {"inputs": 512, "targets": int(rng.integers(90, 115))}
+                for feature, length in lengths.items():
+                    stats_tokens[feature] += length
+                    histograms[feature][length] = histograms[feature].get(length, 0) + 1
+                record = encode_example(
+                    {
+                        "inputs": rng.integers(1, 32_000, lengths["inputs"], dtype=np.int32),
+                        "targets": rng.integers(1, 32_000, lengths["targets"], dtype=np.int32),
+                        PROVENANCE + "task": task,
+                        PROVENANCE + "source_shard": f"c4-train.{source:05d}-of-01024.json.gz",
+                        PROVENANCE + "source_shard_index": [source],
+                        PROVENANCE + "index_within_shard": [ordinal],
+                        PROVENANCE + "preprocessors_seed": [seed],
+                        PROVENANCE + "source_first_document": [ordinal * 3],
+                        PROVENANCE + "source_last_document": [ordinal * 3 + 2],
+                    }
+                )
+                longest = max(longest, len(record))
+                writer.write(record)
+            size = f.tell()
+        sidecar = write_offsets(writer.offsets, size, writer.crcs)
+        (version_dir / offsets_name("train", shard, num_shards)).write_bytes(sidecar)
+        data = file.read_bytes()
+        entries.append(ShardEntry(
+            file=file.name, records=len(members), bytes=size, sha256=hashlib.sha256(data).hexdigest(),
+            offsets_file=offsets_name("train", shard, num_shards),
+            offsets_sha256=hashlib.sha256(sidecar).hexdigest(), max_record_bytes=longest,
+        ))  # fmt: skip
+    features = {name: {"dtype": "int32", "shape": [None]} for name in ("inputs", "targets")}
+    for key in ("task", "source_shard"):
+        features[PROVENANCE + key] = {"dtype": "string", "shape": []}
+    for key in ("source_shard_index", "index_within_shard", "source_first_document", "source_last_document"):
+        features[PROVENANCE + key] = {"dtype": "int32", "shape": []}
+    manifest = Manifest(
+        task=task, task_fingerprint=f"bench-{task}", fingerprints={}, seed=seed, taskdata_version="bench",
+        sequence_length={}, features=features, splits={"train": SplitManifest(tuple(entries), num_shards, {})},
+    )  # fmt: skip
+    stats = {"examples": len(ids), "length_histograms": {k: sorted(v.items()) for k, v in histograms.items()}}
+    for feature, total in stats_tokens.items():
+        stats[f"{feature}_tokens"] = total
+        stats[f"{feature}_max_tokens"] = max(histograms[feature])
+    (version_dir / "stats.train.json").write_text(json.dumps(stats))
+    data = manifest_bytes(manifest)
+    (version_dir / "manifest.json").write_bytes(data)
+    (version_dir / "COMPLETED").write_bytes(completed_bytes(data))
+    (root / task / "CURRENT").write_text(version_dir.name + "\n")
+    return hashlib.sha256(data).hexdigest()
+
+
+def ledger_costs(root: pathlib.Path) -> list[str]:
+    from taskdata.runs import example_ledger, open_views, step_ledger, summarize
+
+    caches = {}
+    for task, counts in LEDGER_SHARDS.items():
+        fingerprint = write_keyed_cache(root, task, counts)
+        from taskdata.cache.reader import CacheReader
+
+        with CacheReader(str(root / task / "v20260101T000000Z-ledger")) as reader:
+            caches[task] = TaskCache(fingerprint, reader.record_counts("train"))
+    base = dataclasses.replace(request_plan(64), caches=caches)
+    shapes = ", ".join(
+        f"{t}: {len(c)} shard{'s' if len(c) > 1 else ''} of ~{sum(c) // len(c):,} records" for t, c in LEDGER_SHARDS.items()
+    )
+    lines = [
+        f"  - ledger and summary over caches in the job's format ({shapes}; span-corruption-sized records, "
+        "1.9 KB), global batch 2048, 8 data shards, files in the page cache, wall time, median of 7:"
+    ]
+    for count in (1, 100):
+        plan = staged(base, count)
+        views = open_views(plan, str(root))
+        try:
+            for step in (10**6, 10**9):
+                step_ledger(plan, views, step)  # loads the offsets sidecars the step touches, once
+                whole = per_call(lambda s=step, p=plan, v=views: step_ledger(p, v, s), repeat=7)
+                host = per_call(lambda s=step, p=plan, v=views: step_ledger(p, v, s, host=3, num_hosts=8), repeat=7)
+                index_math = per_call(lambda s=step, p=plan: examples_at(p, p.positions(s)), repeat=7)
+                # Examples of the largest task: shards of 100,000 records.
+                largest = [e for e in step_ledger(plan, views, step).entries if e.task == "c4_span_corruption"]
+                entry = largest[0]
+                view = views[entry.task]
+                binary = int(np.ceil(np.log2(view.record_counts[entry.shard] + 1)))
+                probes = _probes(view, [e.id for e in largest[:200]])
+                find = per_call(lambda e=entry, v=views: v[e.task].find(e.id), repeat=7)
+                example = per_call(
+                    lambda e=entry, s=step, p=plan, v=views: example_ledger(
+                        p, v, e.id, from_step=s, until_step=s + 10**6, limit=10
+                    ),
+                    repeat=7,
+                )
+                summary = per_call(lambda s=step, p=plan, v=views: summarize(p, v, s), repeat=7)
+                lines.append(
+                    f"  - {count} stage{'s' if count > 1 else ''}, step {step:,}: ledger by step {whole * 1e3:.2f} ms "
+                    f"(2048 examples, of which the index math {index_math * 1e3:.2f} ms; the rest reads and "
+                    f"decodes each record's provenance), {host * 1e3:.2f} ms (one host's 256); ledger by example "
+                    f"{example * 1e3:.2f} ms (its search by shuffle key {find * 1e3:.2f} ms: {probes:.1f} one-record "
+                    f"reads on average over 200 {entry.task} examples of the step, a binary search takes {binary}; then its "
+                    f"first 10 reads from the step and the count of its reads in the next 10^6 steps); summary "
+                    f"{summary * 1e3:.2f} ms"
+                )
+        finally:
+            for view in views.values():
+                view.close()
+    return lines
+
+
+def _probes(view: object, ids: list[str]) -> float:
+    """One-record reads per search, on average over ``ids``."""
+    reads = []
+    original = view._key  # type: ignore[attr-defined]
+    view._key = lambda shard, record: reads.append(1) or original(shard, record)  # type: ignore[attr-defined]
+    try:
+        for example_id in ids:
+            view.find(example_id)  # type: ignore[attr-defined]
+    finally:
+        del view._key  # type: ignore[attr-defined]
+    return len(reads) / len(ids)
+
+
 def write(lines: list[str], command: str) -> None:
     """Replaces this benchmark's section of BENCHMARKS.md (other sections are left as they are)."""
+    from _report import machine
+
     today = datetime.date.today().isoformat()
-    body = "\n".join([SECTION, f"- {today}, 2 cores (shared), `{command}`:", *lines, ""])
+    body = "\n".join([SECTION, f"- {today}, {machine()} (shared), `{command}`:", *lines, ""])
     text = BENCHMARKS.read_text() if BENCHMARKS.exists() else "# Benchmarks\n"
     if SECTION in text:
         head, _, rest = text.partition(SECTION)
@@ -264,6 +480,14 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="write the figures into BENCHMARKS.md")
     args = parser.parse_args()
     lines = run()
+    lines += ["  - stages: lookups in plans of 1, 10 and 100 stages (spread over steps 1 .. 10^9; each changes "
+              "the rates, every other one the batch size too), the server's request plan of 64 shards/task:"]
+    lines += ["  " + line for line in stage_costs()]
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="bench-ledger-"))
+    try:
+        lines += ledger_costs(directory)
+    finally:
+        shutil.rmtree(directory)
     print("\n".join(lines))
     if args.write:
         write(lines, "PYTHONPATH=. python bench/bench_index.py --write")

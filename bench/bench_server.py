@@ -354,7 +354,7 @@ def in_process_breakdown(runs: list[dict], root: Path) -> list[str]:
                 for step in steps:
                     for host in range(HOSTS):
                         body = step_json(memory, run.name, tables, step, host, HOSTS, encoding)
-                        shards_body(run, host, HOSTS, host, [body])
+                        shards_body(run, host, HOSTS, host, step, [body])
                 formatting[encoding] = (time.perf_counter() - started) / (len(steps) * HOSTS)
                 memory.clear_step_slices()
             lines.append(

@@ -2,10 +2,11 @@
 
 A step is computed once for all its host slices (``taskdata.index.step_slices``): each host's answer
 is cut from it, so the 8 or 800 hosts of a step share its index math and each answer only writes its
-own slice (``taskdata.index.to_json``). Each step's JSON depends only on (run, host slice, step,
-encoding), so it is kept by that key in a bounded LRU; nothing in it differs between processes, so any
-replica returns the same bytes. ``server.models.ShardsResponse`` documents the shape; the tests
-validate answers against it.
+own slice (``taskdata.index.to_json``). Each step's JSON depends only on (run, plan fingerprint, host
+slice, step, encoding), so it is kept by that key in a bounded LRU; nothing in it differs between
+processes, so any replica returns the same bytes. (A run's plan may gain stages: the fingerprint in the
+key keeps answers of the plan before from being served after.) ``server.models.ShardsResponse``
+documents the shape; the tests validate answers against it.
 """
 
 from __future__ import annotations
@@ -39,12 +40,18 @@ def step_json(
     return to_json(memory.step_slices(run, tables, step, count)[index], encoding)
 
 
-def shards_body(run: StoredRun, host: int, num_hosts: int, data_shard: int, steps: Sequence[bytes]) -> bytes:
-    """The whole ``server.models.ShardsResponse`` around already serialized steps."""
+def shards_body(
+    run: StoredRun, host: int, num_hosts: int, data_shard: int, last_step: int, steps: Sequence[bytes]
+) -> bytes:
+    """The whole ``server.models.ShardsResponse`` around already serialized steps, up to ``last_step``.
+
+    Its fingerprint is that of what decides the steps up to ``last_step`` (``RunPlan.fingerprint_before``):
+    a stage appended later in the run leaves the answer of every earlier step unchanged, byte for byte.
+    """
     head = _dumps(
         {
             "run": run.name,
-            "fingerprint": run.plan.fingerprint(),
+            "fingerprint": run.plan.fingerprint_before(last_step + 1),
             "split": run.split,
             "host": host,
             "num_hosts": num_hosts,
@@ -58,25 +65,26 @@ def shards_body(run: StoredRun, host: int, num_hosts: int, data_shard: int, step
 class AnswerCache:
     """What the server remembers to answer fast, all of it pure functions of immutable inputs.
 
-    - serialized steps, a bounded, thread-safe LRU keyed by (run name, slice count, slice index, step,
-      encoding); run names are safe keys because a run's plan never changes once created
-      (``taskdata.runs.RunStore``) and the caches it pins are found by manifest hash;
-    - each step's ``StepSlices``, in a small LRU keyed by (run name, step, slice count);
-    - per run, its ``RunTables``; per cache version, its ``CacheFiles`` (file JSON encoded once), shared
-      by the runs that read it.
+    - serialized steps, a bounded, thread-safe LRU keyed by (run name, plan fingerprint, slice count,
+      slice index, step, encoding): a stored run's plan only changes by gaining stages
+      (``taskdata.runs.RunStore``), which changes its fingerprint, and the caches it pins are found by
+      manifest hash;
+    - each step's ``StepSlices``, in a small LRU keyed by (run name, plan fingerprint, step, slice count);
+    - per run, its ``RunTables`` of its current plan (rebuilt when the run gains a stage); per cache
+      version, its ``CacheFiles`` (file JSON encoded once), shared by the runs that read it.
     """
 
     def __init__(self, max_entries: int):
         self._max = max_entries
-        self._entries: OrderedDict[tuple[str, int, int, int, str], bytes] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str, int, int, int, str], bytes] = OrderedDict()
         self._lock = threading.Lock()
         self._files: dict[tuple[str, str], CacheFiles] = {}
         self._tables: dict[str, RunTables] = {}
-        self._slices: OrderedDict[tuple[str, int, int], StepSlices] = OrderedDict()
+        self._slices: OrderedDict[tuple[str, str, int, int], StepSlices] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: tuple[str, int, int, int, str]) -> bytes | None:
+    def get(self, key: tuple[str, str, int, int, int, str]) -> bytes | None:
         with self._lock:
             value = self._entries.get(key)
             if value is None:
@@ -86,7 +94,7 @@ class AnswerCache:
                 self._entries.move_to_end(key)
             return value
 
-    def put(self, key: tuple[str, int, int, int, str], value: bytes) -> None:
+    def put(self, key: tuple[str, str, int, int, int, str], value: bytes) -> None:
         if self._max == 0:
             return
         with self._lock:
@@ -99,9 +107,12 @@ class AnswerCache:
         return len(self._entries)
 
     def tables(self, run: StoredRun, caches: Sequence[ResolvedCache]) -> RunTables:
-        """``run``'s ``RunTables`` over its resolved ``caches`` (two threads may both build: equal results)."""
+        """``run``'s ``RunTables`` over its resolved ``caches`` (two threads may both build: equal results).
+
+        A stored run may gain stages: tables of another plan of the run (the one before) are replaced.
+        """
         found = self._tables.get(run.name)
-        if found is None:
+        if found is None or found.plan.fingerprint() != run.plan.fingerprint():
             files = []
             for cache in caches:
                 key = (cache.version_dir, cache.split)
@@ -118,7 +129,7 @@ class AnswerCache:
 
     def step_slices(self, run: str, tables: RunTables, step: int, count: int) -> StepSlices:
         """``step_slices`` of ``step``, from a small LRU (two threads may both compute: equal results)."""
-        key = (run, step, count)
+        key = (run, tables.plan.fingerprint(), step, count)
         with self._lock:
             found = self._slices.get(key)
             if found is not None:

@@ -20,7 +20,7 @@ from starlette.routing import Match
 
 from server.auth import RequestGuard, require_token
 from server.metrics import Metrics, MetricsMiddleware
-from server.routers import health, metrics, runs, shards, tasks
+from server.routers import health, ledger, metrics, runs, shards, tasks
 from server.settings import Settings
 from server.state import ServerConfigError, state_of
 from taskdata.define.registry import Registry, UnknownNameError
@@ -88,7 +88,7 @@ def create_app(settings: Settings | None = None, registry: Registry | None = Non
     app.state.settings = settings
     protected = [Depends(require_token)]
     app.include_router(health.router)
-    for module in (shards, runs, tasks, metrics):
+    for module in (shards, runs, ledger, tasks, metrics):
         app.include_router(module.router, dependencies=protected)
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=protected)

@@ -19,6 +19,7 @@ __all__ = [
     "BASE64_PATTERN",
     "MAX_BATCH_SIZE",
     "MAX_HOSTS",
+    "MAX_LEDGER_READS",
     "MAX_LOOKAHEAD",
     "MAX_SEED",
     "MAX_STEP",
@@ -26,9 +27,14 @@ __all__ = [
     "CachedSplit",
     "CachedVersion",
     "ErrorResponse",
+    "ExampleLedgerResponse",
     "Health",
+    "HostBytes",
     "HostMapping",
+    "LedgerEntry",
+    "LedgerQuery",
     "MixtureComponent",
+    "Occurrence",
     "PlanModel",
     "PositionRange",
     "ReadColumns",
@@ -41,12 +47,20 @@ __all__ = [
     "ShardFile",
     "ShardsQuery",
     "ShardsResponse",
+    "StageInForce",
+    "StageModel",
+    "StageRequest",
+    "StepLedgerResponse",
     "StepReads",
+    "SummaryQuery",
+    "SummaryResponse",
     "TaskCacheModel",
     "TaskDetail",
     "TaskList",
+    "TaskProgress",
     "TaskReads",
     "TaskSummary",
+    "TokenCount",
 ]
 
 # Steps are bounded so that every step number is exact in any JSON reader (IEEE doubles hold 2**53).
@@ -54,6 +68,7 @@ MAX_STEP = 2**53 - 1
 MAX_HOSTS = 65_536
 MAX_BATCH_SIZE = 1 << 30
 MAX_SEED = 2**63 - 1
+MAX_LEDGER_READS = 1000  # reads of one example listed per request
 # NAME_PATTERN is taskdata.names' rule; the server also rejects '..' inside a name (validate_name), with
 # its message. MAX_LOOKAHEAD (steps per request) is the wire format's, shared with the client.
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
@@ -185,7 +200,8 @@ class StepReads(_Model):
 class ShardsResponse(_Model):
     run: str
     fingerprint: str = Field(
-        description="The run's fingerprint: a checkpoint resumes only against the same one."
+        description="The fingerprint of the run's plan as far as it decides these steps (the run's "
+        "fingerprint, unless stages start after them): a checkpoint resumes only against the same one."
     )
     split: str
     host: Count
@@ -234,6 +250,33 @@ class RunCreate(_Model):
     split: Name = "train"
 
 
+class StageRequest(_Model):
+    """A stage to append: from step ``start`` on, other rates and/or another batch schedule."""
+
+    start: Annotated[int, Field(ge=1, le=MAX_STEP)] = Field(description="The step the stage starts at.")
+    rates: dict[Name, Annotated[str, Field(max_length=100)] | Annotated[int, Field(ge=0)] | float] | None = Field(
+        None,
+        description="Rate of every task of the run (any scale: '7/10', 0.7, 7; 0 leaves a task out of the "
+        "stage); null keeps the rates in force.",
+    )
+    batch: ScheduleRequest | None = Field(
+        None, description="The global batch schedule from `start` on (a ramp counts steps from `start`); null "
+        "keeps the schedule in force."
+    )
+    current_step: Annotated[int, Field(ge=0, le=MAX_STEP)] = Field(
+        description="A step no trainer of the run has read yet, its lookahead included (the step it trains next "
+        "plus the steps it fetched ahead). The stage must start at or after it, and after the run's last stage."
+    )
+
+
+class StageModel(_Model):
+    """One ``Stage`` of ``RunPlan.to_dict()``."""
+
+    start: Annotated[int, Field(ge=1)]
+    rates: dict[str, str] | None = Field(description="Exact shares ('1/4'; '0' leaves a task out), or null.")
+    schedule: ScheduleModel | None = Field(description="The batch schedule from `start` on, or null.")
+
+
 class TaskCacheModel(_Model):
     fingerprint: str = Field(description="Manifest sha256 of the pinned cache version.")
     shard_record_counts: list[Count]
@@ -251,6 +294,9 @@ class PlanModel(_Model):
     num_data_shards: Annotated[int, Field(ge=1)]
     skip: list[tuple[int, int]]
     split: str = Field(description="The cache split every task is read from (part of the fingerprint).")
+    stages: list[StageModel] = Field(
+        [], description="Stages after stage 0 (rates and schedule above), by start step; absent when none."
+    )
 
 
 class HostMapping(_Model):
@@ -285,6 +331,144 @@ class RunDetail(_Model):
     examples_per_data_shard: dict[str, int] = Field(
         description="Examples each data shard reads per step at the start and end of the schedule."
     )
+
+
+# --- /runs/{name}/ledger and /summary -----------------------------------------------------------
+
+ExampleId = Annotated[
+    str,
+    Field(
+        max_length=450,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:]*/[A-Za-z0-9][A-Za-z0-9_.:]*/[0-9]{1,18}/[0-9]{1,18}$",
+        description="A stable example id: task/split/source_shard/ordinal.",
+    ),
+]
+
+
+class LedgerQuery(_Model):
+    """``step`` (with ``host`` and ``num_hosts`` for one host's slice) or ``example`` (with ``from_step``,
+    ``until_step`` and ``limit``)."""
+
+    step: int | None = Field(None, ge=0, le=MAX_STEP, description="List the examples of this step.")
+    host: int | None = Field(None, ge=0, lt=MAX_HOSTS, description="With step: only this host's slice.")
+    num_hosts: int | None = Field(
+        None, ge=1, le=MAX_HOSTS, description="With host: the hosts reading the run (a multiple or a divisor of num_data_shards)."
+    )
+    example: ExampleId | None = Field(None, description="List the steps at which this example is read.")
+    from_step: int = Field(0, ge=0, le=MAX_STEP, description="With example: reads from this step on.")
+    until_step: int | None = Field(
+        None, ge=0, le=MAX_STEP, description="With example: reads before this step (and how many there are)."
+    )
+    limit: int = Field(100, ge=0, le=MAX_LEDGER_READS, description="With example: list at most this many reads.")
+
+    @model_validator(mode="after")
+    def _one_question(self) -> LedgerQuery:
+        if (self.step is None) == (self.example is None):
+            raise ValueError("give exactly one of step (a step's examples) and example (an example's steps)")
+        if self.step is None and (self.host is not None or self.num_hosts is not None):
+            raise ValueError("host and num_hosts go with step")
+        if (self.host is None) != (self.num_hosts is None):
+            raise ValueError("give host and num_hosts together (one host's slice), or neither (the whole batch)")
+        if self.example is None and (self.from_step, self.until_step, self.limit) != (0, None, 100):
+            raise ValueError("from_step, until_step and limit go with example")
+        return self
+
+
+class LedgerEntry(_Model):
+    position: Count = Field(description="Position in the run's example stream.")
+    data_shard: Count
+    task: str
+    epoch: Count = Field(description="The task's epoch this read is in.")
+    index: Count = Field(description="The record's index in the task's cache order.")
+    shard: Count = Field(description="Cache shard of the task's split.")
+    record: Count = Field(description="Record within the cache shard.")
+    id: str = Field(description="Stable example id: task/split/source_shard/ordinal.")
+    source_file: str | None = Field(description="The source file (base name) the example was made from.")
+    documents: list[int] | None = Field(description="First and last source document it was made from.")
+
+
+class StepLedgerResponse(_Model):
+    run: str
+    fingerprint: str = Field(description="Of what decides this step (as /shards gives it for the step).")
+    step: Count
+    skipped: bool = Field(description="The plan skips this step: its examples are never delivered.")
+    stage: Count = Field(description="The stage in force (0: the plan's own rates and schedule).")
+    global_batch_size: Annotated[int, Field(ge=1)]
+    data_shard: Count | None = Field(description="The host's data shard; null for the whole global batch.")
+    num_data_shards: Annotated[int, Field(ge=1)]
+    positions: PositionRange
+    examples: list[LedgerEntry] = Field(description="In the order the batch holds them.")
+
+
+class Occurrence(_Model):
+    epoch: Count
+    step: Count
+    position: Count
+    data_shard: Count
+    skipped: bool = Field(description="The plan skips this step: the example is not delivered here.")
+
+
+class ExampleLedgerResponse(_Model):
+    run: str
+    fingerprint: str
+    id: str
+    task: str
+    shard: Count = Field(description="Cache shard holding the example.")
+    record: Count = Field(description="Record within the cache shard.")
+    index: Count = Field(description="The record's index in the task's cache order.")
+    from_step: Count
+    until_step: Count | None
+    total: Count | None = Field(description="Reads in [from_step, until_step) (null without until_step).")
+    skipped: Count | None = Field(description="Of those, reads in skipped steps (never delivered).")
+    reads: list[Occurrence] = Field(description="The first `limit` reads, in order.")
+    truncated: bool = Field(description="More reads follow in the range.")
+
+
+class SummaryQuery(_Model):
+    step: int = Field(ge=0, le=MAX_STEP, description="The run as it stands before this step.")
+
+
+class StageInForce(_Model):
+    index: Count
+    start: Count
+    batch_size: Annotated[int, Field(ge=1)]
+    rates: dict[str, str] = Field(description="Exact shares of the stage ('0' for a task it leaves out).")
+
+
+class TokenCount(_Model):
+    value: Count
+    exact: bool = Field(description="False: estimated at the split's mean length (stats.{split}.json).")
+
+
+class TaskProgress(_Model):
+    task: str
+    records: Annotated[int, Field(ge=1)] = Field(description="Records in one epoch of the task.")
+    taken: Count = Field(description="Examples of the task's stream covered by the steps before `step`.")
+    delivered: Count = Field(description="Of those, the ones not in skipped steps.")
+    skipped: Count
+    epoch: Count = Field(description="The epoch the task's next example comes from.")
+    repeated: Count = Field(description="Examples taken that had been taken before.")
+    share: float | None = Field(description="The task's share of the examples covered.")
+    target_share: float | None = Field(description="The share the stages' rates call for over those examples.")
+    stage_rate: float = Field(description="The task's rate in the stage in force.")
+    exact_stage_rate: str
+    tokens: dict[str, TokenCount] = Field(description="Tokens delivered per token feature.")
+
+
+class HostBytes(_Model):
+    skipped: bool
+    examples: list[Count] = Field(description="Examples each data shard reads at `step`.")
+    bytes: list[Count] = Field(description="Bytes (framed records) each data shard reads at `step`.")
+
+
+class SummaryResponse(_Model):
+    run: str
+    fingerprint: str
+    step: Count
+    positions: Count = Field(description="Examples the steps before `step` cover.")
+    stage: StageInForce
+    tasks: list[TaskProgress]
+    hosts: HostBytes
 
 
 # --- /tasks --------------------------------------------------------------------------------------

@@ -75,6 +75,14 @@ class Settings(BaseSettings):
         le=3600,
         description="How long an idle connection is kept open between requests.",
     )
+    run_refresh_seconds: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="How often a stored run's file is read again, to see stages appended by another "
+        "replica or by 'taskdata plan --add-stage' (a new stage must start after its trainers' current "
+        "step plus what they fetch in this time).",
+    )
     first_use_wait_seconds: float = Field(
         20.0,
         ge=0,

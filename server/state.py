@@ -2,11 +2,14 @@
 
 Runs come from two places: the runs file of the settings (read-only, loaded at start) and the cache
 root's ``_runs/`` folder (``POST /runs``, ``taskdata plan``), shared by every replica. A name means one
-plan in both; a conflict between them stops the server at start.
+plan in both; a conflict between them stops the server at start. A stored run may gain stages while the
+server runs (``POST /runs/{run}/stages`` on any replica, ``taskdata plan --add-stage``): the store reads
+its file again every ``run_refresh_seconds``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import json
@@ -19,11 +22,14 @@ from fastapi import FastAPI, HTTPException, Request
 
 from server.assignments import AnswerCache
 from server.settings import Settings, get_settings
+from taskdata.cache.reader import CacheReader
 from taskdata.define.registry import Registry
 from taskdata.names import InvalidNameError, validate_name
-from taskdata.runs import CacheResolver, RunError, RunStore, StoredRun
+from taskdata.runs import CacheResolver, ResolvedCache, RunError, RunStore, StoredRun, TaskCacheView
 
-__all__ = ["ServerConfigError", "ServerState", "build_state", "get_state", "state_of"]
+__all__ = ["ServerConfigError", "ServerState", "build_state", "first_use", "get_state", "state_of"]
+
+_RETRY_AFTER_SECONDS = 5
 
 
 class ServerConfigError(ValueError):
@@ -42,6 +48,21 @@ class ServerState:
     # Runs whose caches are being found and verified (first use), by run name.
     _pending: dict[str, Future] = dataclasses.field(default_factory=dict, repr=False)
     _pending_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+    # Ledger and summary readers of verified cache versions, by (version folder, split); kept open.
+    _views: dict[tuple[str, str], TaskCacheView] = dataclasses.field(default_factory=dict, repr=False)
+
+    def views(self, caches: tuple[ResolvedCache, ...]) -> dict[str, TaskCacheView]:
+        """The ledger's view of each of a run's resolved (verified) caches, by task; opened once each."""
+        out = {}
+        for cache in caches:
+            key = (cache.version_dir, cache.split)
+            with self._pending_lock:
+                view = self._views.get(key)
+                if view is None:
+                    reader = CacheReader(cache.version_dir, expected_manifest_sha256=cache.fingerprint)
+                    view = self._views[key] = TaskCacheView(reader, cache.split, byte_ranges=cache.byte_ranges)
+            out[cache.task] = view
+        return out
 
     def resolving(self, run: StoredRun) -> Future:
         """The resolution of ``run``'s caches, started in a daemon thread unless one is under way.
@@ -111,6 +132,28 @@ class ServerState:
         return [name for name, _ in self.run_names()]
 
 
+async def first_use(state: ServerState, run: StoredRun) -> tuple[ResolvedCache, ...]:
+    """Every cache of ``run``, found and verified in a background thread (once per process).
+
+    Verifying a large cache takes minutes; rather than hold the request that long, the answer after
+    ``first_use_wait_seconds`` is 503 with Retry-After while the thread carries on, and a later request
+    gets the result.
+    """
+    future = asyncio.wrap_future(state.resolving(run))
+    # If every waiter has given up, nobody reads a failure: mark it read (it is remembered elsewhere).
+    future.add_done_callback(lambda done: done.cancelled() or done.exception())
+    try:
+        # shield: a request that stops waiting must not cancel the resolution others wait for.
+        return await asyncio.wait_for(asyncio.shield(future), state.settings.first_use_wait_seconds)
+    except TimeoutError:
+        raise HTTPException(
+            503,
+            f"The caches of run {run.name!r} are being verified (first use since this server started); retry "
+            f"in a few seconds.",
+            headers={"Retry-After": str(_RETRY_AFTER_SECONDS)},
+        ) from None
+
+
 def build_state(settings: Settings, registry: Registry | None = None) -> ServerState:
     """State for ``settings``; ``registry`` defaults to the default registry plus ``settings.modules``."""
     if registry is None:
@@ -121,7 +164,7 @@ def build_state(settings: Settings, registry: Registry | None = None) -> ServerS
             registry.load_module(module)
     # One spelling of the root everywhere (absolute), so that every message can be made relative to it.
     resolver = CacheResolver(settings.cache_root)
-    store = RunStore(resolver.cache_root)
+    store = RunStore(resolver.cache_root, refresh_seconds=settings.run_refresh_seconds)
     configured = _load_runs_file(settings.runs_file) if settings.runs_file else {}
     for name, run in configured.items():
         try:

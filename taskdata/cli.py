@@ -10,12 +10,13 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # each command imports these when it runs (see above)
     from taskdata.config import Config
     from taskdata.define.registry import Registry
     from taskdata.evaluation import TargetsSource
+    from taskdata.runs import ExampleLedger, StepLedger
 
 __all__ = ["main"]
 
@@ -138,14 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="create a training run over the current caches of a task or mixture (stored in the cache root)",
         description="Pin the CURRENT complete cache version of every task of a task or mixture in a run plan and "
         "store it as {cache root}/_runs/{name}.json, where every server replica finds it. Creating the "
-        "same run again does nothing; a different plan under an existing name is refused.",
+        "same run again does nothing; a different plan under an existing name is refused. With --add-stage, "
+        "append stages to an existing run instead (only --name, --cache-root and --current-step then).",
     )
     p.add_argument("--name", required=True, help="run name (letters, digits, '_', '.', ':')")
-    p.add_argument("--mixture", required=True, help="task or mixture to train on")
+    p.add_argument("--mixture", help="task or mixture to train on (required to create a run)")
     p.add_argument("--cache-root", default=None, help="cache root (default: {--home}/caches)")
-    p.add_argument("--seed", type=int, required=True, help="orders every epoch after the first")
+    p.add_argument("--seed", type=int, help="orders every epoch after the first (required to create a run)")
     p.add_argument(
-        "--batch-size", type=int, required=True, help="global batch size (the ramp's start with --ramp-to)"
+        "--batch-size", type=int, help="global batch size (the ramp's start with --ramp-to; required to create a run)"
     )
     p.add_argument(
         "--ramp-to", type=int, default=None, help="ramp the global batch size linearly to this size"
@@ -155,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--num-data-shards",
         type=int,
-        required=True,
-        help="slices each global batch is split into (hosts holding one model replica share one)",
+        help="slices each global batch is split into (hosts holding one model replica share one; required to "
+        "create a run)",
     )
     p.add_argument(
         "--skip",
@@ -166,7 +168,60 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the data of steps [START, STOP) (repeatable)",
     )
     p.add_argument("--split", default="train", help="cache split to read (default train)")
+    stages = p.add_argument_group(
+        "stages",
+        "change the mixing rates and/or the global batch size from a step on. A stage is "
+        "STEP:ITEM,ITEM,... where an ITEM is TASK=RATE (every task of the run; 0 leaves one out), "
+        "batch=SIZE, or batch=START..END/STEPS (a ramp from STEP on) with multiple-of=M. E.g. "
+        "--stage 200000:c4_span_corruption=0.5,c4_prefix_lm=0.5 --stage 300000:batch=4096",
+    )
+    stages.add_argument("--stage", action="append", default=[], metavar="STAGE",
+                        help="a stage of the new run (repeatable, in step order)")
+    stages.add_argument("--add-stage", action="append", default=[], metavar="STAGE",
+                        help="append a stage to the existing run --name (repeatable)")
+    stages.add_argument(
+        "--current-step", type=int, metavar="STEP",
+        help="with --add-stage: a step no trainer of the run has read yet, its lookahead included (the step it "
+             "trains next plus what it fetched ahead); a new stage must start at or after it",
+    )
     p.set_defaults(run=_cmd_plan)
+
+    p = sub.add_parser(
+        "ledger",
+        help="which examples a step of a run read, or at which steps one example is read",
+        description="By step: every example of the step (or of one host's slice) with its stable id, cache "
+        "shard and record, and the source file and documents it was made from. By example (a stable id "
+        "'task/split/source_shard/ordinal'): every step and data shard at which the run reads it, found by "
+        "inverting the index math.",
+    )
+    p.add_argument("run_name", metavar="RUN", help="a stored run (see 'taskdata plan')")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--step", type=int, help="the step whose examples to list")
+    which.add_argument("--example", metavar="ID", help="the stable id of the example to find")
+    p.add_argument("--host", type=int, help="with --step: only this host's slice (with --num-hosts)")
+    p.add_argument("--num-hosts", type=int, help="with --host: the hosts reading the run")
+    p.add_argument("--from-step", type=int, default=0, help="with --example: list reads from this step on")
+    p.add_argument("--until-step", type=int, help="with --example: list (and count) reads before this step")
+    p.add_argument("--limit", type=int, default=100, help="with --example: list at most this many reads")
+    p.add_argument("--cache-root", default=None, help="cache root (default: {--home}/caches)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=_cmd_ledger)
+
+    p = sub.add_parser("summary", help="where a run stands before a step: per task, per host, the stage")
+    p.add_argument("run_name", metavar="RUN", help="a stored run")
+    p.add_argument("--step", type=int, required=True, help="the run as it stands before this step")
+    p.add_argument("--cache-root", default=None, help="cache root (default: {--home}/caches)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=_cmd_summary)
+
+    p = sub.add_parser(
+        "plot", help="draw a run's mixture proportions, epochs and batch size over steps, and its token lengths"
+    )
+    p.add_argument("run_name", metavar="RUN", help="a stored run")
+    p.add_argument("--out", required=True, help="PNG file to write (local or gs://)")
+    p.add_argument("--until-step", type=int, help="last step drawn (default: past the last stage)")
+    p.add_argument("--cache-root", default=None, help="cache root (default: {--home}/caches)")
+    p.set_defaults(run=_cmd_plot)
 
     p = sub.add_parser(
         "serve",
@@ -502,9 +557,17 @@ def _verify_root(root: str) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from taskdata.index import BatchSchedule, SkipRange
+    from taskdata.index import BatchSchedule, SkipRange, parse_stage
     from taskdata.runs import RunStore, build_run
 
+    if args.add_stage:
+        return _add_stages(args)
+    if args.current_step is not None:
+        raise ValueError("--current-step goes with --add-stage (appending stages to an existing run).")
+    missing = [f"--{flag.replace('_', '-')}" for flag in ("mixture", "seed", "batch_size", "num_data_shards")
+               if getattr(args, flag) is None]
+    if missing:
+        raise ValueError(f"Creating run {args.name!r} needs {', '.join(missing)} (or --add-stage to extend it).")
     skip = []
     for text in args.skip:
         start, sep, stop = text.partition(":")
@@ -528,6 +591,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         num_data_shards=args.num_data_shards,
         skip=skip,
         split=args.split,
+        stages=[parse_stage(text) for text in args.stage],
         warn=lambda message: print(f"taskdata plan: warning: {message}", file=sys.stderr),
     )
     store = RunStore(root)
@@ -535,6 +599,140 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     print(
         f"{'created' if created else 'unchanged'} {store.path(run.name)}: fingerprint {run.plan.fingerprint()}"
     )
+    return 0
+
+
+def _add_stages(args: argparse.Namespace) -> int:
+    """``taskdata plan --name R --add-stage STEP:... --current-step S``: stages appended to a stored run."""
+    from taskdata.index import parse_stage
+    from taskdata.runs import RunStore
+
+    given = [f"--{flag.replace('_', '-')}" for flag in ("mixture", "seed", "batch_size", "ramp_to", "num_data_shards")
+             if getattr(args, flag) is not None] + (["--stage"] if args.stage else []) + (["--skip"] if args.skip else [])
+    if given:
+        raise ValueError(f"--add-stage extends the stored run {args.name!r}; {', '.join(given)} only apply when "
+                         "creating a run.")
+    if args.current_step is None:
+        raise ValueError(
+            "--add-stage needs --current-step: a step no trainer of the run has read yet (the step it trains next "
+            "plus its lookahead, e.g. 1016 for a trainer at step 1000 fetching 16 steps ahead)."
+        )
+    stages = [parse_stage(text) for text in args.add_stage]
+    store = RunStore(args.cache_root or _config(args).cache_root)
+    for stage in stages:
+        run, added = store.add_stage(args.name, stage, current_step=args.current_step)
+        print(f"{'added' if added else 'unchanged'} stage at step {stage.start} to {store.path(run.name)}: "
+              f"fingerprint {run.plan.fingerprint()} (steps before {stage.start}: "
+              f"{run.plan.fingerprint_before(stage.start)})")
+    return 0
+
+
+def _stored_plan(args: argparse.Namespace) -> tuple[Any, str]:
+    """(plan, cache root) of the stored run ``args.run_name``."""
+    from taskdata.runs import RunStore
+
+    root = args.cache_root or _config(args).cache_root
+    store = RunStore(root)
+    run = store.get(args.run_name)
+    if run is None:
+        raise ValueError(f"There is no run {args.run_name!r} under {root}; runs: {store.names()}. Create it with "
+                         "'taskdata plan'.")
+    return run.plan, root
+
+
+def _cmd_ledger(args: argparse.Namespace) -> int:
+    import json
+
+    from taskdata.runs import StepLedger, example_ledger, open_views, step_ledger
+
+    if args.step is None and (args.host is not None or args.num_hosts is not None):
+        raise ValueError("--host and --num-hosts go with --step (a host's slice of a step).")
+    if args.example is None and (args.from_step, args.until_step, args.limit) != (0, None, 100):
+        raise ValueError("--from-step, --until-step and --limit go with --example.")
+    plan, root = _stored_plan(args)
+    views = open_views(plan, root)
+    ledger: StepLedger | ExampleLedger
+    try:
+        if args.step is not None:
+            ledger = step_ledger(plan, views, args.step, host=args.host, num_hosts=args.num_hosts)
+        else:
+            ledger = example_ledger(plan, views, args.example, from_step=args.from_step,
+                                    until_step=args.until_step, limit=args.limit)
+    finally:
+        for view in views.values():
+            view.close()
+    if args.json:
+        print(json.dumps(ledger.to_dict(), indent=1))
+    elif isinstance(ledger, StepLedger):
+        print(_format_step_ledger(ledger))
+    else:
+        print(_format_example_ledger(ledger))
+    return 0
+
+
+def _format_step_ledger(ledger: StepLedger) -> str:
+    where = "every data shard" if ledger.data_shard is None else f"data shard {ledger.data_shard}"
+    lines = [
+        f"run {ledger.run} step {ledger.step:,} ({where} of {ledger.num_data_shards}, stage {ledger.stage}, global "
+        f"batch {ledger.global_batch_size:,}, positions {ledger.positions.start:,}..{ledger.positions.stop - 1:,}); "
+        f"fingerprint {ledger.fingerprint}",
+    ]
+    if ledger.skipped:
+        lines.append("SKIPPED: the plan skips this step; these examples are never delivered")
+    lines.append(f"{'position':>14} {'shard':>5} {'task':<24} {'epoch':>6} {'cache shard:record':>18}  "
+                 f"{'id':<40} source file [documents]")
+    for e in ledger.entries:
+        documents = "" if e.documents is None else f" [{e.documents[0]}..{e.documents[1]}]"
+        lines.append(f"{e.position:>14,} {e.data_shard:>5} {e.task:<24} {e.epoch:>6} {f'{e.shard}:{e.record}':>18}  "
+                     f"{e.id:<40} {e.source_file or '-'}{documents}")
+    return "\n".join(lines)
+
+
+def _format_example_ledger(ledger: ExampleLedger) -> str:
+    span = f"steps {ledger.from_step:,}.." + ("(no end)" if ledger.until_step is None else f"{ledger.until_step - 1:,}")
+    lines = [f"example {ledger.id}: task {ledger.task}, cache shard {ledger.shard} record {ledger.record} (record "
+             f"{ledger.index} of the task's order); run {ledger.run}"]
+    if ledger.total is not None:
+        lines.append(f"read {ledger.total:,} times in {span} ({ledger.skipped:,} of them in skipped steps)")
+    lines.append(f"{'epoch':>8} {'step':>14} {'position':>16} {'data shard':>10}")
+    for read in ledger.reads:
+        lines.append(f"{read.epoch:>8,} {read.step:>14,} {read.position:>16,} {read.data_shard:>10}"
+                     + ("  (skipped: not delivered)" if read.skipped else ""))
+    if ledger.truncated:
+        lines.append(f"... more reads in {span}: raise --limit, or list them from a later --from-step")
+    elif not ledger.reads:
+        lines.append(f"not read in {span}")
+    return "\n".join(lines)
+
+
+def _cmd_summary(args: argparse.Namespace) -> int:
+    import json
+
+    from taskdata.runs import format_summary, open_views, summarize
+
+    plan, root = _stored_plan(args)
+    views = open_views(plan, root)
+    try:
+        summary = summarize(plan, views, args.step)
+    finally:
+        for view in views.values():
+            view.close()
+    print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from taskdata.runs import open_views
+    from taskdata.runs.plot import plot_run
+
+    plan, root = _stored_plan(args)
+    views = open_views(plan, root)
+    try:
+        drawn = plot_run(plan, views, args.out, until_step=args.until_step)
+    finally:
+        for view in views.values():
+            view.close()
+    print(f"wrote {args.out}: steps 0..{drawn['until_step']:,}, {drawn['stages']} stage starts marked")
     return 0
 
 

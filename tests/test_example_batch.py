@@ -288,3 +288,40 @@ def test_tensorflow_batch_parse_agrees_with_decode_batch_on_random_span_corrupti
     for name in ("inputs", "targets"):
         assert ours[name].values.tolist() == theirs[name].flat_values.numpy().tolist()
         assert ours[name].row_splits.tolist() == theirs[name].row_splits.numpy().tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2000), st.lists(st.integers(INT64.min, INT64.max), max_size=3), st.integers(INT64.min, INT64.max)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_few_small_int_features_of_long_records_decode_as_each_record_does(rows):
+    # Provenance ids beside 2,000-token examples: the decoder reads those features' bytes alone.
+    rng = np.random.default_rng(len(rows))
+    records = [
+        example_codec.encode_example(
+            {"inputs": rng.integers(0, 2**31 - 1, n), "ids": np.array(ids, np.int64), "ordinal": [ordinal], "name": "x"}
+        )
+        for n, ids, ordinal in rows
+    ]
+    spec = {"ids": "int64", "ordinal": "int64"}
+    batch = example_batch.decode_batch(records, spec)
+    for i, record in enumerate(records):
+        single = example_codec.decode_example(record, spec)
+        assert set(single) == set(spec)
+        for name in spec:
+            assert batch[name].row(i).tolist() == single[name].tolist()
+
+
+def test_long_records_are_not_scanned_whole_for_a_few_small_ints(monkeypatch):
+    records = [example_codec.encode_example({"inputs": np.arange(1000) + i, "id": [i]}) for i in range(64)]
+    compacted = []
+    original = example_batch._compact
+    monkeypatch.setattr(example_batch, "_compact", lambda *a: compacted.append(1) or original(*a))
+    assert example_batch.decode_batch(records, {"id": "int64"})["id"].values.tolist() == list(range(64))
+    assert compacted == [1]
+    example_batch.decode_batch(records, {"id": "int64", "inputs": "int32"})  # most of the bytes: the whole scan
+    assert compacted == [1]

@@ -26,7 +26,7 @@ def test_the_runner_finds_every_server_drill():
 def test_auth_matrix_refuses_every_route_without_the_token():
     figures = drills.auth_matrix()
     assert figures["ok"], figures
-    assert figures["routes"] == 8 and figures["refused_401"] == 2 * 2 * 7 + 2  # 7 routes but /healthz
+    assert figures["routes"] == 11 and figures["refused_401"] == 2 * 2 * 10 + 2  # 10 routes but /healthz
 
 
 def test_name_corpus_is_never_accepted_and_touches_no_file():
@@ -69,7 +69,7 @@ def test_unauthenticated_uploads_are_refused_unread_and_big_bodies_capped():
 def test_schemathesis_finds_no_server_error():
     figures = drills.schemathesis_run(max_examples=5)
     assert figures["ok"], figures
-    assert figures["operations"] == 8 and figures["requests"] > 0 and figures["server_errors"] == 0
+    assert figures["operations"] == 11 and figures["requests"] > 0 and figures["server_errors"] == 0
 
 
 def test_the_schemathesis_drill_would_see_a_server_error():

@@ -5,10 +5,12 @@ Two daemon threads keep the train step fed: a fetcher asks the assignment source
 interleave, padding) and queues up to ``prefetch`` of them. ``next()`` only takes a ready batch, so
 the train step waits only when reading is slower than training; ``waited_seconds`` measures that.
 
-The data state of a run is one step number plus the run fingerprint (``DataState``). Resuming from
-a state checks the fingerprint against the source's run before anything is read, and every batch is
-checked to be the step that comes next: a resume that cannot be honoured is an error, never a
-silent restart from step 0.
+The data state of a run is one step number plus the fingerprint of what decided the steps before it
+(``DataState``; ``RunPlan.fingerprint_before``: the run's fingerprint, for a plan without stages).
+Resuming from a state checks that fingerprint against the source's run before anything is read, so a
+checkpoint resumes after a stage was appended at or after its step, and never after any change to the
+steps it trained. Every batch is checked to be the step that comes next: a resume that cannot be
+honoured is an error, never a silent restart from step 0.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class ResumeError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class DataState:
-    """Where a run's data stream stands: the next step to train, and the run it belongs to."""
+    """Where a run's data stream stands: the next step to train, and the fingerprint of the run's plan
+    as far as it decides the steps before it (``RunPlan.fingerprint_before(step)``)."""
 
     step: int
     fingerprint: str
@@ -97,7 +100,7 @@ class DataIterator:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{what} must be a positive integer but got {value!r}.")
         self._source = source
-        self.info: RunInfo = source.run_info()
+        info = source.run_info()
         if isinstance(start, DataState):
             try:
                 self._check_run(start)
@@ -117,7 +120,7 @@ class DataIterator:
         self.host_slice = host_slice
         self._next_step = first
         self._stop_step = stop_step
-        self._reader = BatchReader(self.info, lengths, verify_crc=verify_crc)
+        self._reader = BatchReader(info, lengths, verify_crc=verify_crc)
         self._lookahead = lookahead
         self._prefetch = prefetch
         self.waited_seconds = 0.0
@@ -142,18 +145,27 @@ class DataIterator:
         for thread in self._threads:
             thread.start()
 
+    @property
+    def info(self) -> RunInfo:
+        """The run as the source knows it now (a server source adopts stages appended while it runs)."""
+        return self._source.run_info()
+
     def _check_run(self, state: DataState) -> None:
-        if state.fingerprint != self.info.fingerprint:
+        # The fingerprint of the steps before the state's step: a stage appended at or after it changes
+        # neither side, so a checkpoint resumes across it (and across nothing else).
+        expected = self.info.plan.fingerprint_before(state.step)
+        if state.fingerprint != expected:
             raise ResumeError(
                 f"The checkpoint's data state belongs to a run with fingerprint {state.fingerprint}, but run "
-                f"{self.info.name!r} has fingerprint {self.info.fingerprint}: its batches would differ from "
-                "the ones the checkpoint was trained on. Resume against the run the checkpoint was made "
-                "with, or start a new training run from step 0 deliberately."
+                f"{self.info.name!r} has fingerprint {expected}: its batches would differ from the ones the "
+                f"checkpoint was trained on (both fingerprints are of the steps before the checkpoint's step "
+                f"{state.step}; a stage appended at or after it would change neither). Resume against the run "
+                "the checkpoint was made with, or start a new training run from step 0 deliberately."
             )
 
     def state(self) -> DataState:
         """The state to checkpoint after training every batch delivered so far."""
-        return DataState(self._next_step, self.info.fingerprint)
+        return DataState(self._next_step, self.info.plan.fingerprint_before(self._next_step))
 
     def restore(self, state: DataState) -> None:
         """Goes on from ``state`` as if built with ``start=state`` (what a checkpoint restore calls).
@@ -260,7 +272,7 @@ class DataIterator:
         self._put(self._instructions, _DONE)
 
     def _check_slice(self, item: StepReads) -> None:
-        step_positions = self.info.plan.schedule.positions(item.step)
+        step_positions = self.info.plan.positions(item.step)
         rows = self.host_slice.rows(len(step_positions))
         expected = range(step_positions.start + rows.start, step_positions.start + rows.stop)
         if item.positions != expected or item.global_batch_size != len(step_positions):

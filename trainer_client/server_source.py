@@ -3,7 +3,10 @@
 The run's plan comes from ``GET /runs/{name}``; its fingerprint, recomputed here, must equal the one
 the server states (client and server run the same index math version). Every ``/shards`` answer is
 checked against what was asked (run, fingerprint, data shard, steps), so a confused server or proxy
-can never make a host train on other steps than it asked for.
+can never make a host train on other steps than it asked for. An answer's fingerprint covers the plan
+as far as it decides the answer's steps (``RunPlan.fingerprint_before``); when it is not this plan's,
+the plan is fetched again, and adopted if it differs only from the answer's first step on (a stage was
+appended ahead of this trainer): the trainer goes on under the new stage without a restart.
 
 A brief outage (connection refused, timeouts, 502/503/504 from a load balancer or from a server
 still verifying a cache, whose Retry-After is honoured) is retried with exponential backoff until
@@ -65,29 +68,33 @@ class ServerAssignments:
 
     def run_info(self) -> RunInfo:
         if self._info is None:
-            body = self._get(f"/runs/{self.run}", {})
-            try:
-                stored = StoredRun(RunPlan.from_dict(body["plan"]))
-            except (PlanError, KeyError, TypeError) as error:
-                raise AssignmentError(
-                    f"Server {self.url} describes run {self.run!r} with a plan this client cannot read: {error}. "
-                    "Use a client of the same taskdata version as the server."
-                ) from None
-            if stored.split != body.get("split"):
-                raise AssignmentError(
-                    f"Server {self.url} gives run {self.run!r} split {body.get('split')!r} but its plan reads split "
-                    f"{stored.split!r}; the answer is inconsistent. Use a client of the same taskdata version as "
-                    "the server."
-                )
-            # The fingerprint covers the split: a checkpoint of a train run never resumes on validation.
-            if stored.plan.fingerprint() != body.get("fingerprint"):
-                raise AssignmentError(
-                    f"Server {self.url} gives run {self.run!r} fingerprint {body.get('fingerprint')!r} but its plan "
-                    f"has fingerprint {stored.plan.fingerprint()!r} here: client and server compute the index math "
-                    "differently. Use a client of the same taskdata version as the server."
-                )
-            self._info = RunInfo(stored.plan, stored.split)
+            self._info = self._describe()
         return self._info
+
+    def _describe(self) -> RunInfo:
+        """The run as ``GET /runs/{run}`` describes it now, checked."""
+        body = self._get(f"/runs/{self.run}", {})
+        try:
+            stored = StoredRun(RunPlan.from_dict(body["plan"]))
+        except (PlanError, KeyError, TypeError) as error:
+            raise AssignmentError(
+                f"Server {self.url} describes run {self.run!r} with a plan this client cannot read: {error}. "
+                "Use a client of the same taskdata version as the server."
+            ) from None
+        if stored.split != body.get("split"):
+            raise AssignmentError(
+                f"Server {self.url} gives run {self.run!r} split {body.get('split')!r} but its plan reads split "
+                f"{stored.split!r}; the answer is inconsistent. Use a client of the same taskdata version as "
+                "the server."
+            )
+        # The fingerprint covers the split: a checkpoint of a train run never resumes on validation.
+        if stored.plan.fingerprint() != body.get("fingerprint"):
+            raise AssignmentError(
+                f"Server {self.url} gives run {self.run!r} fingerprint {body.get('fingerprint')!r} but its plan "
+                f"has fingerprint {stored.plan.fingerprint()!r} here: client and server compute the index math "
+                "differently. Use a client of the same taskdata version as the server."
+            )
+        return RunInfo(stored.plan, stored.split)
 
     def fetch(self, first_step: int, num_steps: int, host_slice: HostSlice) -> list[StepReads]:
         info = self.run_info()
@@ -101,8 +108,35 @@ class ServerAssignments:
         out: list[StepReads] = []
         for start in range(first_step, first_step + num_steps, MAX_LOOKAHEAD):
             count = min(MAX_LOOKAHEAD, first_step + num_steps - start)
-            out += self._fetch_window(info, start, count, host_slice)
+            try:
+                out += self._fetch_window(info, start, count, host_slice)
+            except _PlanChanged as change:
+                info = self._adopt(info, start, count, change.fingerprint)
+                out += self._fetch_window(info, start, count, host_slice)
         return out
+
+    def _adopt(self, info: RunInfo, start: int, count: int, fingerprint: str) -> RunInfo:
+        """The run's plan fetched again, if it explains an answer for steps ``start..`` with ``fingerprint``
+        and agrees with ``info`` on every step before ``start`` (all this trainer has been handed)."""
+        fresh = self._describe()
+        last = start + count - 1
+        if (
+            fresh.plan.fingerprint_before(start) != info.plan.fingerprint_before(start)
+            or fresh.plan.fingerprint_before(last + 1) != fingerprint
+        ):
+            raise AssignmentError(
+                f"Server {self.url} answered steps {start}..{last} of run {self.run!r} with fingerprint "
+                f"{fingerprint}, where this trainer's plan has {info.plan.fingerprint_before(last + 1)}, and the "
+                f"run's plan now (fingerprint {fresh.fingerprint}) "
+                + (
+                    "changes steps before step {start}, which this trainer may have trained already"
+                    if fresh.plan.fingerprint_before(start) != info.plan.fingerprint_before(start)
+                    else "does not explain that answer either"
+                ).format(start=start)
+                + ". The run changed under this trainer or the server is misconfigured; do not train on it."
+            )
+        self._info = fresh
+        return fresh
 
     def _fetch_window(self, info: RunInfo, start: int, count: int, host_slice: HostSlice) -> list[StepReads]:
         shards = info.plan.num_data_shards
@@ -116,9 +150,12 @@ class ServerAssignments:
         }
         body = self._get("/shards", params)
         where = f"/shards for run {self.run!r}, host slice {host_slice.index} of {host_slice.count}, steps {start}..{start + count - 1}"
+        fingerprint = info.plan.fingerprint_before(start + count)
+        if body.get("run") == self.run and isinstance(body.get("fingerprint"), str) and body["fingerprint"] != fingerprint:
+            raise _PlanChanged(body["fingerprint"])
         expected = {
             "run": self.run,
-            "fingerprint": info.fingerprint,
+            "fingerprint": fingerprint,
             "split": info.split,
             "host": host_slice.index,
             "num_hosts": host_slice.count,
@@ -190,6 +227,14 @@ class ServerAssignments:
 
     def close(self) -> None:
         self._http.close()
+
+
+class _PlanChanged(Exception):
+    """An answer whose fingerprint is not the one this client's plan gives its steps."""
+
+    def __init__(self, fingerprint: str):
+        super().__init__(fingerprint)
+        self.fingerprint = fingerprint
 
 
 def _seconds(value: str | None) -> float | None:

@@ -14,8 +14,11 @@ hands each step's batch to TensorFlow (cheaper than ``from_generator``, whose en
 stalled for seconds on a one-core host in ``bench/bench_client.py``).
 
 Resuming is by step: build the dataset again with ``start=DataState(k, fingerprint)`` (tf.data
-cannot checkpoint an iterator whose elements come from Python). Since tf.data may read ahead of the
-train step (``prefetch``), the state to save is the step of the last element trained on, plus one.
+cannot checkpoint an iterator whose elements come from Python), where ``fingerprint`` is
+``source.run_info().plan.fingerprint_before(k)`` (the run's fingerprint, for a plan without stages).
+Since tf.data may read ahead of the train step (``prefetch``), the state to save is the step of the
+last element trained on, plus one. An element's rows are a static shape while the run's batch size is
+constant from the start step on, through every stage; otherwise they are dynamic.
 The dataset owns its source and can be iterated once; build another one to read again.
 
 TensorFlow is imported when ``tf_dataset`` is called: the rest of ``trainer_client`` works without it.
@@ -30,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from taskdata.index import RunPlan
 from trainer_client.assignments import AssignmentSource, HostSlice
 from trainer_client.iterator import DataIterator, DataState
 
@@ -67,10 +71,9 @@ def tf_dataset(
         stop_step=stop_step,
         verify_crc=verify_crc,
     )
-    schedule = iterator.info.plan.schedule
-    rows = schedule.end // iterator.host_slice.count if schedule.is_constant else None
     names = list(lengths)
     first = iterator.state().step
+    rows = _static_rows(iterator.info.plan, first, iterator.host_slice.count)
 
     def read(step: np.int64) -> list[np.ndarray | np.bool_]:
         # Called once per step, in order (a sequential map): the iterator's next batch is that step's.
@@ -87,6 +90,14 @@ def tf_dataset(
             iterator.close()
         if batch.skipped:  # filtered out below: the arrays only have to fit the element's shapes
             return [np.zeros((rows or 0, lengths[name]), np.int32) for name in names] + [np.bool_(False)]
+        if rows is not None and batch.global_batch_size // iterator.host_slice.count != rows:
+            iterator.close()
+            raise RuntimeError(
+                f"Step {batch.step} has {batch.global_batch_size // iterator.host_slice.count} examples per host "
+                f"but this dataset was built with {rows} per element (the run's batch size was constant from "
+                f"step {first} on; a stage appended since changes it). Build the dataset again with "
+                f"start=DataState({batch.step}, ...) to read on with the new batch size."
+            )
         return [batch.features[name] for name in names] + [np.bool_(True)]
 
     def element(step: Any) -> tuple[dict[str, Any], Any]:
@@ -103,6 +114,15 @@ def tf_dataset(
     # A plan may skip a step's data: that step yields no element.
     dataset = steps.map(element).filter(lambda _, trained: trained).map(lambda batch, _: batch)
     return dataset.with_options(options)
+
+
+def _static_rows(plan: RunPlan, first: int, hosts: int) -> int | None:
+    """The rows of every host batch from step ``first`` on, if the plan's stages fix them, else None."""
+    staged = plan.staged_schedule
+    ahead = staged.schedules[staged.segment_of_step(first) :]
+    if all(s.is_constant for s in ahead) and len({s.end for s in ahead}) == 1:
+        return ahead[0].end // hosts
+    return None
 
 
 def _close_at_exit(iterator: weakref.ref[DataIterator]) -> None:

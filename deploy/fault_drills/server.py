@@ -66,6 +66,7 @@ START_TIMEOUT = 60.0
 IO_TIMEOUT = 30.0  # any one socket operation
 RUN, VALIDATION_RUN, TASK = "drill", "drill_val", "toy_det"
 VALID_CREATE = {"name": RUN, "mixture": TASK, "seed": 0, "schedule": {"start": 8}, "num_data_shards": 2}
+VALID_STAGE = {"start": 1000, "batch": {"start": 16}, "current_step": 1000}  # a retry of it answers 200
 
 # Invalid task, run or split names, each as the server's parameter would hold it after decoding.
 NAME_CORPUS = [
@@ -301,7 +302,11 @@ def auth_matrix() -> dict[str, Any]:
             "/runs/{name}": f"/runs/{RUN}",
             "/tasks/{name}": f"/tasks/{TASK}",
             "/shards": f"/shards?run={RUN}&host=0&step=0",
+            "/runs/{name}/ledger": f"/runs/{RUN}/ledger?step=0",
+            "/runs/{name}/summary": f"/runs/{RUN}/summary?step=0",
+            "/runs/{name}/stages": f"/runs/{RUN}/stages",
         }
+        bodies = {"/runs/{name}/stages": VALID_STAGE}
         credentials = {
             "none": {},
             "wrong": {"Authorization": "Bearer " + secrets.token_urlsafe(24)},
@@ -311,7 +316,7 @@ def auth_matrix() -> dict[str, Any]:
         for path, methods in sorted(documented.items()):
             target = targets.get(path, path).encode()
             for method in ("GET", "POST"):
-                body = json.dumps(VALID_CREATE).encode() if method == "POST" else b""
+                body = json.dumps(bodies.get(path, VALID_CREATE)).encode() if method == "POST" else b""
                 for who, auth in credentials.items():
                     headers = {**auth, "Content-Type": "application/json"} if body else dict(auth)
                     status, _ = _raw(site, method, target, headers, body)

@@ -1,16 +1,27 @@
-"""``/runs``: list, describe and create training runs (created runs are stored in the cache root)."""
+"""``/runs``: list, describe and create training runs (created runs are stored in the cache root), and
+append stages to stored runs."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Annotated, Any, Literal, cast
 
 import anyio.to_thread
 from fastapi import APIRouter, Depends, HTTPException, Path, Response
 
-from server.models import NAME_PATTERN, ErrorResponse, RunCreate, RunDetail, RunList
+from server.models import (
+    NAME_PATTERN,
+    ErrorResponse,
+    RunCreate,
+    RunDetail,
+    RunList,
+    ScheduleRequest,
+    StageRequest,
+)
 from server.state import ServerState, get_state
-from taskdata.index import BatchSchedule, PlanError, SkipRange
-from taskdata.runs import RunConflictError, StoredRun, build_run
+from taskdata.index import BatchSchedule, PlanError, SkipRange, Stage
+from taskdata.runs import RunConflictError, RunError, StoredRun, build_run
 
 __all__ = ["router"]
 
@@ -62,10 +73,19 @@ def _detail(run: StoredRun, source: Literal["config", "store"]) -> dict[str, Any
             "valid_num_hosts": f"any multiple or divisor of {shards} (GET /shards?num_hosts=H; default {shards})",
         },
         "examples_per_data_shard": {
-            "start": plan.schedule.start // shards,
-            "end": plan.schedule.end // shards,
+            "start": plan.batch_size(0) // shards,
+            "end": plan.staged_schedule.schedules[-1].end // shards,
         },
     }
+
+
+def _schedule(request: ScheduleRequest) -> BatchSchedule:
+    return BatchSchedule(
+        start=request.start,
+        end=request.start if request.end is None else request.end,
+        ramp_steps=request.ramp_steps,
+        multiple_of=request.multiple_of,
+    )
 
 
 @router.get("/runs", response_model=RunList, responses=_AUTH, summary="Every run this server knows")
@@ -74,7 +94,14 @@ async def list_runs(state: Annotated[ServerState, Depends(get_state)]) -> dict[s
     return {"runs": runs}
 
 
-@router.get("/runs/{name}", response_model=RunDetail, responses=_NAME_ERRORS, summary="One run's plan")
+# exclude_unset: a plan without stages is described without them, exactly as RunPlan.to_dict() gives it.
+@router.get(
+    "/runs/{name}",
+    response_model=RunDetail,
+    response_model_exclude_unset=True,
+    responses=_NAME_ERRORS,
+    summary="One run's plan",
+)
 async def get_run(
     state: Annotated[ServerState, Depends(get_state)],
     name: Annotated[str, Path(min_length=1, max_length=200, pattern=NAME_PATTERN)],
@@ -85,6 +112,7 @@ async def get_run(
 @router.post(
     "/runs",
     response_model=RunDetail,
+    response_model_exclude_unset=True,
     status_code=201,
     responses={**_CREATE_ERRORS, 200: {"model": RunDetail, "description": "The same run already existed."}},
     summary="Create a run over the current caches of a task or mixture (idempotent)",
@@ -93,12 +121,7 @@ async def create_run(
     state: Annotated[ServerState, Depends(get_state)], body: RunCreate, response: Response
 ) -> dict[str, Any]:
     try:
-        schedule = BatchSchedule(
-            start=body.schedule.start,
-            end=body.schedule.start if body.schedule.end is None else body.schedule.end,
-            ramp_steps=body.schedule.ramp_steps,
-            multiple_of=body.schedule.multiple_of,
-        )
+        schedule = _schedule(body.schedule)
         skip = tuple(SkipRange(start, stop) for start, stop in body.skip)
     except PlanError as error:
         raise HTTPException(400, str(error)) from None
@@ -130,3 +153,57 @@ async def create_run(
     if not created:
         response.status_code = 200
     return _detail(run, "config" if run.name in state.configured else "store")
+
+
+_STAGE_ERRORS = {
+    **_AUTH,
+    400: {"model": ErrorResponse, "description": "A stage that breaks a rule: in the past of the run (the "
+          "message gives the earliest step allowed), rates that do not name every task, a batch size the "
+          "data shards cannot split."},
+    404: {"model": ErrorResponse, "description": "Unknown run."},
+    409: {"model": ErrorResponse, "description": "The run is configured in the runs file, which the server "
+          "does not write."},
+}
+
+
+@router.post(
+    "/runs/{name}/stages",
+    response_model=RunDetail,
+    response_model_exclude_unset=True,
+    status_code=201,
+    responses={**_STAGE_ERRORS, 200: {"model": RunDetail, "description": "The run already ends with this stage."}},
+    summary="Append a stage (other rates and/or batch schedule from a step on) to a stored run",
+)
+async def add_stage(
+    state: Annotated[ServerState, Depends(get_state)],
+    name: Annotated[str, Path(min_length=1, max_length=200, pattern=NAME_PATTERN)],
+    body: StageRequest,
+    response: Response,
+) -> dict[str, Any]:
+    _, source = state.find_run(name)  # 404 for an unknown run
+    if source == "config":
+        raise HTTPException(
+            409,
+            f"Run {name!r} is configured in the server's runs file, which the server does not write: add the "
+            "stage to its plan there and restart the servers.",
+        )
+    try:
+        stage = Stage(
+            start=body.start,
+            # Stage parses and normalises the JSON rates itself (into Fractions), with its own messages.
+            rates=cast("Mapping[str, Fraction] | None", body.rates),
+            schedule=None if body.batch is None else _schedule(body.batch),
+        )
+    except PlanError as error:
+        raise HTTPException(400, str(error)) from None
+
+    def append() -> tuple[StoredRun, bool]:
+        return state.store.add_stage(name, stage, current_step=body.current_step)
+
+    try:
+        run, added = await anyio.to_thread.run_sync(append)
+    except RunError as error:
+        raise HTTPException(400, state.resolver.relative(str(error))) from None
+    if not added:
+        response.status_code = 200
+    return _detail(run, "store")

@@ -10,7 +10,6 @@ to ``(h + 1) * D / H - 1`` as one slice, computed as such (not glued from data s
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import anyio.to_thread
@@ -20,15 +19,13 @@ from pydantic import ValidationError
 
 from server.assignments import AnswerCache, shards_body, step_json
 from server.models import MAX_STEP, ErrorResponse, ShardsQuery, ShardsResponse
-from server.state import ServerState, get_state
+from server.state import first_use, get_state
 from taskdata.index import PlanError, RunTables, host_slice_for
 from taskdata.index.columns import ColumnEncoding
-from taskdata.runs import StoredRun
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["shards"])
-_RETRY_AFTER_SECONDS = 5
 
 # FastAPI's type of a route's extra OpenAPI responses (free-form JSON objects).
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -110,10 +107,11 @@ async def get_shards(request: Request) -> Response:
     except PlanError as error:
         raise HTTPException(400, f"Run {stored.name!r}: {error}") from None
     data_shard = index * (plan.num_data_shards // count)  # the first data shard of the host's slice
-    caches = state.resolver.cached(stored) or await _first_use(state, stored)
+    caches = state.resolver.cached(stored) or await first_use(state, stored)
     cache, encoding = state.answers, query.encoding
     tables = cache.tables(stored, caches)
-    keys = [(stored.name, count, index, s, encoding) for s in range(step, step + steps)]
+    # A stored run may gain stages: the plan's fingerprint keeps answers of the plan before from being served after.
+    keys = [(stored.name, plan.fingerprint(), count, index, s, encoding) for s in range(step, step + steps)]
     parts: list[bytes | None] = [cache.get(key) for key in keys]
     missing = [i for i, part in enumerate(parts) if part is None]
     work = (cache, stored.name, tables, [step + i for i in missing], index, count, encoding)
@@ -126,30 +124,8 @@ async def get_shards(request: Request) -> Response:
         parts[i] = part
         cache.put(keys[i], part)
     # Every missing part was filled in above, so parts holds no None now.
-    body = shards_body(stored, host, hosts, data_shard, parts)  # type: ignore[arg-type]
+    body = shards_body(stored, host, hosts, data_shard, step + steps - 1, parts)  # type: ignore[arg-type]
     return Response(body, media_type="application/json")
-
-
-async def _first_use(state: ServerState, run: StoredRun) -> tuple:
-    """Every cache of ``run``, found and verified in a background thread (once per process).
-
-    Verifying a large cache takes minutes; rather than hold the request that long, the answer after
-    ``first_use_wait_seconds`` is 503 with Retry-After while the thread carries on, and a later request
-    gets the result.
-    """
-    future = asyncio.wrap_future(state.resolving(run))
-    # If every waiter has given up, nobody reads a failure: mark it read (it is remembered elsewhere).
-    future.add_done_callback(lambda done: done.cancelled() or done.exception())
-    try:
-        # shield: a request that stops waiting must not cancel the resolution others wait for.
-        return await asyncio.wait_for(asyncio.shield(future), state.settings.first_use_wait_seconds)
-    except TimeoutError:
-        raise HTTPException(
-            503,
-            f"The caches of run {run.name!r} are being verified (first use since this server started); retry "
-            f"in a few seconds.",
-            headers={"Retry-After": str(_RETRY_AFTER_SECONDS)},
-        ) from None
 
 
 def _compute(

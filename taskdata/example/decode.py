@@ -19,14 +19,19 @@ __all__ = ["decode_example"]
 # Generic decoding (any valid serialization)
 
 
-def decode_example(data: bytes) -> dict[str, Value]:
+def decode_example(data: bytes, features: Collection[str] | None = None) -> dict[str, Value]:
     """Parses a serialized ``tf.train.Example`` into ``{name: values}``.
 
     Int64List -> int64 array, FloatList -> float32 array, BytesList -> list of bytes; a feature with
-    no kind set -> ``[]``. Malformed input raises ValueError saying what and where.
+    no kind set -> ``[]``. Malformed input raises ValueError saying what and where. With ``features``,
+    only those are parsed and returned (the others are skipped by their lengths, unparsed: reading two
+    small features of a record with 600 tokens costs a few microseconds).
     """
-    # With wanted=None every value is parsed, so none is None; the helper's type covers both uses.
-    return _decode_example(bytes(data), None)  # type: ignore[return-value]
+    decoded = _decode_example(bytes(data), features)
+    if features is None:
+        # With wanted=None every value is parsed, so none is None; the helper's type covers both uses.
+        return decoded  # type: ignore[return-value]
+    return {name: value for name, value in decoded.items() if value is not None}
 
 
 def _decode_example(data: bytes, wanted: Collection[str] | None) -> dict[str, Value | None]:

@@ -29,16 +29,20 @@ from taskdata.index.host_reads import (
 )
 from taskdata.index.layout import ShardLayout
 from taskdata.index.mixing import Mixing
+from taskdata.index.occurrences import Occurrence, occurrences, reads_before
 from taskdata.index.permutation import EpochPermutation, epoch_and_index, permute_many, task_position_of
 from taskdata.index.plan import INDEX_MATH_VERSION, RunPlan, SkipRange, TaskCache, data_shard_for_host
+from taskdata.index.progress import RunProgress, TaskProgress, progress
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
 from taskdata.index.reads_json import MAX_LOOKAHEAD, from_json, to_json
 from taskdata.index.schedule import BatchSchedule
+from taskdata.index.stages import STAGE_SYNTAX, Stage, StagedMixing, StagedSchedule, parse_stage
 
 __all__ = [
     "INDEX_MATH_VERSION",
     "MAX_LOOKAHEAD",
     "READ_COLUMNS",
+    "STAGE_SYNTAX",
     "BatchSchedule",
     "CacheFiles",
     "EpochPermutation",
@@ -46,17 +50,23 @@ __all__ = [
     "ExampleRef",
     "HostAssignment",
     "Mixing",
+    "Occurrence",
     "PlanError",
     "ReadRun",
     "ReadsError",
     "RunPlan",
+    "RunProgress",
     "RunTables",
     "ShardLayout",
     "ShardTable",
     "SkipRange",
+    "Stage",
+    "StagedMixing",
+    "StagedSchedule",
     "StepReads",
     "StepSlices",
     "TaskCache",
+    "TaskProgress",
     "TaskReads",
     "assign",
     "data_shard_for_host",
@@ -68,8 +78,12 @@ __all__ = [
     "global_batch",
     "host_slice_for",
     "locate_example",
+    "occurrences",
+    "parse_stage",
     "permute_many",
+    "progress",
     "read_runs",
+    "reads_before",
     "run_starts",
     "slice_positions",
     "step_reads",

@@ -96,7 +96,7 @@ def slice_positions(plan: RunPlan, step: int, data_shard: int, num_data_shards: 
         raise PlanError(f"Number of data shards must be a positive integer but got {shards!r}.")
     if isinstance(data_shard, bool) or not isinstance(data_shard, int) or not 0 <= data_shard < shards:
         raise PlanError(f"Data shard must be an integer in [0, {shards}) but got {data_shard!r}.")
-    positions = plan.schedule.positions(step)
+    positions = plan.positions(step)
     size = len(positions)
     if size % shards:
         raise PlanError(
@@ -161,7 +161,7 @@ def _task_names(plan: RunPlan) -> np.ndarray:
 
 def global_batch(plan: RunPlan, step: int) -> tuple[ExampleRef, ...]:
     """All examples of ``step``, in order; empty if the step is skipped."""
-    positions = plan.schedule.positions(step)
+    positions = plan.positions(step)
     return () if plan.is_skipped(step) else examples_at(plan, positions)
 
 
@@ -205,9 +205,12 @@ def read_runs(examples: tuple[ExampleRef, ...]) -> tuple[ReadRun, ...]:
 
 
 def locate_example(plan: RunPlan, task: str, epoch: int, index: int) -> tuple[int, int]:
-    """(step, position) at which the run reads record ``index`` of ``task`` in ``epoch``."""
+    """(step, position) at which the run reads record ``index`` of ``task`` in ``epoch``.
+
+    PlanError if the run never reads it (a last stage that leaves the task out ends its stream).
+    """
     task_index = plan.task_index(task)
     layout = plan.layouts[task_index]
     task_position = task_position_of(plan.seed, task, layout.num_records, epoch, index)
     position = plan.mixing.position_of(task_index, task_position)
-    return plan.schedule.step_of(position), position
+    return plan.step_of(position), position

@@ -151,7 +151,7 @@ class StepSlices:
 
 def step_slices(tables: RunTables, step: int, count: int) -> StepSlices:
     """``step``'s reads for each of ``count`` equal consecutive host slices, computed together."""
-    return _compute(tables, step, tables.plan.schedule.positions(step), count)
+    return _compute(tables, step, tables.plan.positions(step), count)
 
 
 def step_reads(tables: RunTables, step: int, index: int, count: int) -> StepReads:
@@ -248,7 +248,7 @@ def _from_runs(
     return StepSlices(
         step=step,
         skipped=skipped,
-        global_batch_size=tables.plan.schedule.batch_size(step),
+        global_batch_size=tables.plan.batch_size(step),
         start=start,
         per_slice=per_slice,
         count=parts,

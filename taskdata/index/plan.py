@@ -10,10 +10,21 @@ numbers keep counting and every step keeps its positions in the stream; a skippe
 never delivered (its trainer is told to skip it) and the next step gets the data that follows. So
 skipping never shifts any other step's batch, and un-skipping restores exactly the original data.
 
+Stages (``taskdata.index.stages``): the plan's ``rates`` and ``schedule`` hold from step 0; each
+``Stage`` sets other rates and/or another batch schedule from its start step on. Step <-> position
+and position <-> task go through every stage (``positions``, ``batch_size``, ``step_of``, ``mixing``);
+``schedule`` alone is only the schedule the run starts with. ``with_stage`` appends a stage, only at or
+after the run's current step and after the last stage, and so never changes an earlier step's batch.
+
 The fingerprint covers what decides the global batches (tasks, cache fingerprints and record
 counts, the split, rates, seed, schedule, and the version of this index math), not the run's
 name, its skipped steps nor its number of data shards: the global batch does not depend on how many hosts read it,
-so a run resumed on 4 hosts instead of 8 keeps its fingerprint.
+so a run resumed on 4 hosts instead of 8 keeps its fingerprint. A plan without stages has the
+fingerprint it had before stages existed. Each stage chains onto the fingerprint of the plan before
+it: ``fingerprint(stages 1..k) = sha256({"after": fingerprint(stages 1..k-1), "stage": stage k})``. So
+``fingerprint_before(step)``, the fingerprint of the stages that decide the steps before ``step``,
+does not change when a stage is appended at or after ``step``: that is what a checkpoint taken at
+``step`` is checked against when it resumes.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import itertools
 import types
 from collections.abc import Mapping
 from fractions import Fraction
@@ -29,8 +41,8 @@ from typing import Any
 from taskdata.fingerprint import fingerprint
 from taskdata.index.errors import PlanError
 from taskdata.index.layout import ShardLayout
-from taskdata.index.mixing import Mixing
 from taskdata.index.schedule import BatchSchedule
+from taskdata.index.stages import Stage, StagedMixing, StagedSchedule
 from taskdata.index.tables import PlanTables
 from taskdata.names import InvalidNameError, validate_name
 from taskdata.rates import parse_rate
@@ -42,7 +54,9 @@ __all__ = ["INDEX_MATH_VERSION", "RunPlan", "SkipRange", "TaskCache", "data_shar
 # checkpoint never resumes against different data under the same fingerprint.
 INDEX_MATH_VERSION = 1
 
-_PLAN_KEYS = ("name", "mixture", "caches", "rates", "seed", "schedule", "num_data_shards", "skip", "split")
+_PLAN_KEYS = (
+    "name", "mixture", "caches", "rates", "seed", "schedule", "num_data_shards", "skip", "split", "stages",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +127,9 @@ class RunPlan:
       split: the cache split every task is read from. One cache version (one cache fingerprint)
         holds every split, so the split is part of the plan and of its fingerprint: a validation
         run with the train run's record counts is another run.
+      stages: later stages, by increasing start step: from its start on, each sets other rates
+        (of every task; 0 leaves one out) and/or another batch schedule. ``rates`` and ``schedule``
+        are those of stage 0, from step 0.
     """
 
     name: str
@@ -124,6 +141,7 @@ class RunPlan:
     num_data_shards: int
     skip: tuple[SkipRange, ...] = ()
     split: str = "train"
+    stages: tuple[Stage, ...] = ()
 
     def __post_init__(self) -> None:
         _check_name(self.name, "run", "Run name")
@@ -148,6 +166,7 @@ class RunPlan:
             raise PlanError(f"Number of data shards must be a positive integer but got {shards!r}.")
         _check_schedule_splits(self.schedule, shards)
         object.__setattr__(self, "skip", _normalise_skips(self.skip))
+        object.__setattr__(self, "stages", _check_stages(self.stages, caches, shards))
 
     # Derived tables, built once per plan object; they are not fields, so they take no part in
     # equality or the fingerprint.
@@ -156,9 +175,79 @@ class RunPlan:
         return tuple(self.caches)
 
     @functools.cached_property
-    def mixing(self) -> Mixing:
+    def mixing(self) -> StagedMixing:
+        """Stream position <-> (task index, task position), through every stage."""
         assert self.rates is not None
-        return Mixing.from_rates([self.rates[name] for name in self.task_names])
+        starts, rates = [0], [[self.rates[name] for name in self.task_names]]
+        for stage in self.stages:
+            if stage.rates is not None:
+                starts.append(self.first_position(stage.start))
+                rates.append([stage.rates[name] for name in self.task_names])
+        return StagedMixing.of(starts, rates)
+
+    @functools.cached_property
+    def staged_schedule(self) -> StagedSchedule:
+        """The global batch size of every step, through every stage (``positions`` etc. ask it)."""
+        starts, schedules = [0], [self.schedule]
+        for stage in self.stages:
+            if stage.schedule is not None:
+                starts.append(stage.start)
+                schedules.append(stage.schedule)
+        return StagedSchedule(tuple(starts), tuple(schedules))
+
+    def positions(self, step: int) -> range:
+        """The stream positions ``step`` covers: ``[P(step), P(step) + B(step))``."""
+        return self.staged_schedule.positions(step)
+
+    def batch_size(self, step: int) -> int:
+        return self.staged_schedule.batch_size(step)
+
+    def first_position(self, step: int) -> int:
+        """P(step): the examples every step before ``step`` covers."""
+        return self.staged_schedule.first_position(step)
+
+    def step_of(self, position: int) -> int:
+        """The step whose batch holds stream ``position``."""
+        return self.staged_schedule.step_of(position)
+
+    @functools.cached_property
+    def _stage_starts(self) -> tuple[int, ...]:
+        return tuple(stage.start for stage in self.stages)
+
+    def stage_at(self, step: int) -> int:
+        """The stage in force at ``step``: 0 for the plan's own rates and schedule, k for ``stages[k - 1]``."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise PlanError(f"A step must be an integer >= 0 but got {step!r}.")
+        return bisect.bisect_right(self._stage_starts, step)
+
+    def rates_at(self, step: int) -> Mapping[str, Fraction]:
+        """The mixing rates in force at ``step`` (shares summing to 1; 0 for a task the stage leaves out)."""
+        for stage in reversed(self.stages[: self.stage_at(step)]):
+            if stage.rates is not None:
+                return stage.rates
+        assert self.rates is not None
+        return self.rates
+
+    def with_stage(self, stage: Stage, *, current_step: int) -> RunPlan:
+        """This plan with ``stage`` appended: only at or after ``current_step`` (a step no trainer of the run
+        has read yet, lookahead included) and after the last stage's start, so no read step changes."""
+        if isinstance(current_step, bool) or not isinstance(current_step, int) or current_step < 0:
+            raise PlanError(f"The run's current step must be an integer >= 0 but got {current_step!r}.")
+        if not isinstance(stage, Stage):
+            raise PlanError(f"A stage must be a Stage but got {type(stage).__name__}: {stage!r}.")
+        last = self.stages[-1].start if self.stages else 0
+        earliest = max(current_step, last + 1)
+        if stage.start < earliest:
+            why = (
+                f"its current step is {current_step}: steps before it may have been read already"
+                if current_step > last
+                else f"its last stage starts at step {last}, and stages are appended in order"
+            )
+            raise PlanError(
+                f"Run {self.name!r} cannot take a stage at step {stage.start}: {why}. The earliest step a new "
+                f"stage may start at is {earliest}."
+            )
+        return dataclasses.replace(self, stages=(*self.stages, stage))
 
     @functools.cached_property
     def layouts(self) -> tuple[ShardLayout, ...]:
@@ -191,6 +280,13 @@ class RunPlan:
         return self.skip[i].stop if i >= 0 and step < self.skip[i].stop else step
 
     def fingerprint_description(self) -> dict[str, Any]:
+        """What ``fingerprint`` hashes: without stages, the plan; with stages, the fingerprint of the plan
+        without its last stage, and that stage."""
+        if self.stages:
+            return {"after": self._lineage[-2], "stage": self.stages[-1].to_dict()}
+        return self._base_description()
+
+    def _base_description(self) -> dict[str, Any]:
         data = self.to_dict()
         # Only what decides the data of every delivered step: not the name, not how many slices a batch
         # is cut into (resuming on 4 hosts instead of 8 keeps the fingerprint), and not the skip ranges
@@ -198,18 +294,30 @@ class RunPlan:
         # job's plan and resume its checkpoints, as the t5x/seqio paper describes for unstable batches).
         # The split stays: train and validation of one cache version share cache fingerprints.
         del data["name"], data["num_data_shards"], data["skip"]
+        data.pop("stages", None)
         data["index_math"] = INDEX_MATH_VERSION
         return data
 
     def fingerprint(self) -> str:
-        return self._fingerprint
+        return self._lineage[-1]
+
+    def fingerprint_before(self, step: int) -> str:
+        """The fingerprint of what decides steps ``0 .. step - 1``: this plan without the stages that start
+        at or after ``step``. Appending a stage at or after ``step`` leaves it unchanged."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise PlanError(f"A step must be an integer >= 0 but got {step!r}.")
+        return self._lineage[bisect.bisect_left(self._stage_starts, step)]
 
     @functools.cached_property
-    def _fingerprint(self) -> str:
-        return fingerprint(self)
+    def _lineage(self) -> tuple[str, ...]:
+        """The fingerprints of this plan with its first 0, 1, ... all stages."""
+        chain = [fingerprint(self._base_description())]
+        for stage in self.stages:
+            chain.append(fingerprint({"after": chain[-1], "stage": stage.to_dict()}))
+        return tuple(chain)
 
     def __hash__(self) -> int:
-        return hash(self._fingerprint)
+        return hash(self.fingerprint())
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able description; ``RunPlan.from_dict`` rebuilds an equal plan from it."""
@@ -224,17 +332,21 @@ class RunPlan:
             "num_data_shards": self.num_data_shards,
             "skip": [[r.start, r.stop] for r in self.skip],
             "split": self.split,
+            # Only when there are stages: a plan without them has the dict form (and the fingerprint) it
+            # had before stages existed, which older readers still take.
+            **({"stages": [stage.to_dict() for stage in self.stages]} if self.stages else {}),
         }
 
     @classmethod
     def from_dict(cls, data: Any) -> RunPlan:
         if not isinstance(data, dict):
             raise PlanError(f"A run plan must be a JSON object but got {type(data).__name__}.")
-        missing = [k for k in _PLAN_KEYS if k not in data]
+        missing = [k for k in _PLAN_KEYS if k not in data and k != "stages"]
         unknown = sorted(set(data) - set(_PLAN_KEYS))
         if missing or unknown:
             raise PlanError(
-                f"A run plan needs exactly the keys {list(_PLAN_KEYS)}; missing {missing}, unknown {unknown}."
+                f"A run plan needs exactly the keys {list(_PLAN_KEYS)} ('stages' may be left out when there are "
+                f"none); missing {missing}, unknown {unknown}."
             )
         caches = data["caches"]
         if not isinstance(caches, dict):
@@ -250,6 +362,9 @@ class RunPlan:
         skip = data["skip"]
         if not isinstance(skip, list) or not all(isinstance(r, list) and len(r) == 2 for r in skip):
             raise PlanError(f"Plan skip must be a list of [start, stop] pairs but got {skip!r}.")
+        stages = data.get("stages", [])
+        if not isinstance(stages, list):
+            raise PlanError(f"Plan stages must be a list of stages but got {type(stages).__name__}: {stages!r}.")
         return cls(
             name=data["name"],
             mixture=data["mixture"],
@@ -260,6 +375,7 @@ class RunPlan:
             num_data_shards=data["num_data_shards"],
             skip=tuple(SkipRange(start, stop) for start, stop in skip),
             split=data["split"],
+            stages=tuple(Stage.from_dict(stage) for stage in stages),
         )
 
 
@@ -350,6 +466,30 @@ def _check_schedule_splits(schedule: BatchSchedule, num_data_shards: int) -> Non
             f"divide the schedule's {what} ({unit}). Use a number of data shards that divides {unit}, or a "
             f"schedule whose {what} is a multiple of {num_data_shards}."
         )
+
+
+def _check_stages(stages: Any, caches: dict[str, TaskCache], num_data_shards: int) -> tuple[Stage, ...]:
+    if not isinstance(stages, tuple | list) or not all(isinstance(s, Stage) for s in stages):
+        raise PlanError(f"Stages must be a tuple of Stage(start, rates, schedule) but got {stages!r}.")
+    for before, after in itertools.pairwise(stages):
+        if after.start <= before.start:
+            raise PlanError(
+                f"Stages must start at increasing steps but a stage at step {after.start} follows one at step "
+                f"{before.start}. Order them by start step, one stage per step."
+            )
+    for stage in stages:
+        if stage.rates is not None and set(stage.rates) != set(caches):
+            raise PlanError(
+                f"The stage at step {stage.start} must give a rate to every task of the run, and only to those: "
+                f"without a rate {sorted(set(caches) - set(stage.rates))}, not in the run "
+                f"{sorted(set(stage.rates) - set(caches))}. Give 0 to leave a task out of the stage."
+            )
+        if stage.schedule is not None:
+            try:
+                _check_schedule_splits(stage.schedule, num_data_shards)
+            except PlanError as error:
+                raise PlanError(f"The stage at step {stage.start}: {error}") from None
+    return tuple(stages)
 
 
 def _normalise_skips(skip: Any) -> tuple[SkipRange, ...]:

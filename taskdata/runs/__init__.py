@@ -1,5 +1,16 @@
-"""Training runs next to their caches: plans stored in the cache root, and the verified caches they pin."""
+"""Training runs next to their caches: plans stored in the cache root, the verified caches they pin, and
+what a run read (its ledger) and where it stands (its summary)."""
 
+from taskdata.runs.ledger import (
+    ExampleLedger,
+    LedgerEntry,
+    LedgerError,
+    StepLedger,
+    TaskCacheView,
+    example_ledger,
+    open_views,
+    step_ledger,
+)
 from taskdata.runs.resolver import CacheResolver, ResolvedCache
 from taskdata.runs.store import (
     RUNS_DIR,
@@ -11,16 +22,27 @@ from taskdata.runs.store import (
     build_run,
     cache_fingerprint,
 )
+from taskdata.runs.summary import format_summary, summarize
 
 __all__ = [
     "RUNS_DIR",
     "CacheResolver",
     "CacheUnavailableError",
+    "ExampleLedger",
+    "LedgerEntry",
+    "LedgerError",
     "ResolvedCache",
     "RunConflictError",
     "RunError",
     "RunStore",
+    "StepLedger",
     "StoredRun",
+    "TaskCacheView",
     "build_run",
     "cache_fingerprint",
+    "example_ledger",
+    "format_summary",
+    "open_views",
+    "step_ledger",
+    "summarize",
 ]

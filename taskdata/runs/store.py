@@ -4,12 +4,16 @@ A run pins, for every task it reads, the exact bytes of one cache version: ``Tas
 is that version's manifest sha256 (what its ``COMPLETED`` marker holds), and ``shard_record_counts``
 come from the manifest's split (which the plan names too). Runs are stored durably in the cache root::
 
-    {root}/_runs/{name}.json      {"format": "taskdata.run/2", "plan": RunPlan.to_dict()}
+    {root}/_runs/{name}.json      {"format": "taskdata.run/3", "plan": RunPlan.to_dict()}
 
-Records of format ``taskdata.run/1`` (the split beside the plan, not in it) are still read.
+Format 3 plans may hold stages; records of format ``taskdata.run/2`` (no stages) and ``taskdata.run/1``
+(the split beside the plan, not in it) are still read, and mean what they meant.
 
 Creating a run is idempotent (the same plan again is accepted), and a different plan under an existing
-name is refused: a run's data never changes once trainers may have read it.
+name is refused. A stored plan changes in one way only: ``add_stage`` appends a stage that starts at or
+after the run's current step (which the caller states) and after its last stage, so no step a trainer
+may have read changes. A store re-reads a run it remembers every ``refresh_seconds``, so a long-running
+server sees stages that another process appended.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -30,7 +35,7 @@ from taskdata.cache.format import (
     load_manifest,
     task_dir,
 )
-from taskdata.index import BatchSchedule, PlanError, RunPlan, SkipRange
+from taskdata.index import BatchSchedule, PlanError, RunPlan, SkipRange, Stage
 from taskdata.names import InvalidNameError, validate_name
 
 if TYPE_CHECKING:  # annotations only: build_run imports the definitions when it runs, as before
@@ -49,7 +54,9 @@ __all__ = [
 ]
 
 RUNS_DIR = "_runs"
-RUN_FORMAT = "taskdata.run/2"
+RUN_FORMAT = "taskdata.run/3"
+# Plans without stages.
+_RUN_FORMAT_2 = "taskdata.run/2"
 # The split was beside the plan, and not part of its fingerprint.
 _RUN_FORMAT_1 = "taskdata.run/1"
 
@@ -101,14 +108,20 @@ class StoredRun:
         held one) reads the split beside it in a ``taskdata.run/1`` record, else 'train', as it did then."""
         try:
             if isinstance(data, dict) and "format" in data:
-                keys = {RUN_FORMAT: {"format", "plan"}, _RUN_FORMAT_1: {"format", "plan", "split"}}
+                keys = {
+                    RUN_FORMAT: {"format", "plan"},
+                    _RUN_FORMAT_2: {"format", "plan"},
+                    _RUN_FORMAT_1: {"format", "plan", "split"},
+                }
                 if keys.get(data["format"]) != set(data):
                     raise RunError(
-                        f"{where}: a run record must be {{'format': {RUN_FORMAT!r}, 'plan': ...}} (or "
-                        f"{{'format': {_RUN_FORMAT_1!r}, 'plan': ..., 'split': ...}}) but has format "
-                        f"{data['format']!r} and keys {sorted(data)}."
+                        f"{where}: a run record must be {{'format': {RUN_FORMAT!r}, 'plan': ...}} (or of format "
+                        f"{_RUN_FORMAT_2!r}, or {{'format': {_RUN_FORMAT_1!r}, 'plan': ..., 'split': ...}}) but has "
+                        f"format {data['format']!r} and keys {sorted(data)}."
                     )
                 plan = data["plan"]
+                if data["format"] != RUN_FORMAT and isinstance(plan, dict) and "stages" in plan:
+                    raise RunError(f"{where}: a {data['format']!r} record's plan has no stages (format 3 added them).")
                 if data["format"] == _RUN_FORMAT_1:
                     if not isinstance(plan, dict) or "split" in plan:
                         raise RunError(f"{where}: a {_RUN_FORMAT_1!r} record's plan has no split of its own.")
@@ -138,6 +151,7 @@ def build_run(
     num_data_shards: int,
     skip: Sequence[SkipRange] = (),
     split: str = "train",
+    stages: Sequence[Stage] = (),
     warn: Callable[[str], None] | None = None,
 ) -> StoredRun:
     """A run over the CURRENT complete cache version of every task of ``mixture`` (a task or mixture).
@@ -186,6 +200,7 @@ def build_run(
             num_data_shards=num_data_shards,
             skip=tuple(skip),
             split=split,
+            stages=tuple(stages),
         )
     except PlanError as error:
         raise RunError(str(error)) from None
@@ -222,12 +237,24 @@ def _check_built_from_current_definition(task: Task, version_dir: str, manifest:
 
 
 class RunStore:
-    """Runs stored as ``{root}/_runs/{name}.json``; a stored run never changes."""
+    """Runs stored as ``{root}/_runs/{name}.json``; a stored run only ever gains stages (``add_stage``).
 
-    def __init__(self, cache_root: str):
+    ``refresh_seconds``: how long a run read from its file is used before the file is read again (to see
+    stages appended by another process; an unchanged file keeps the same ``StoredRun`` object). Past that,
+    ``get`` still answers at once with the run it has and reads the file in a background thread (a read
+    on an object store takes tens of milliseconds, which a server's event loop must not wait for); with
+    0, every ``get`` reads the file.
+    """
+
+    def __init__(self, cache_root: str, *, refresh_seconds: float = 5.0):
+        if isinstance(refresh_seconds, bool) or not isinstance(refresh_seconds, int | float) or refresh_seconds < 0:
+            raise RunError(f"refresh_seconds must be a number >= 0 but got {refresh_seconds!r}.")
         self._dir = fs.join(cache_root, RUNS_DIR)
+        self._refresh = float(refresh_seconds)
         self._lock = threading.Lock()
-        self._known: dict[str, StoredRun] = {}
+        # name -> (run, the file's bytes, when they were read: time.monotonic())
+        self._known: dict[str, tuple[StoredRun, bytes, float]] = {}
+        self._refreshing: set[str] = set()
 
     def path(self, name: str) -> str:
         try:
@@ -236,25 +263,54 @@ class RunStore:
             raise RunError(str(error)) from None
 
     def get(self, name: str) -> StoredRun | None:
-        """The stored run, or None. Found runs are remembered: they are immutable."""
+        """The stored run, or None; read from its file again once ``refresh_seconds`` have passed."""
         known = self._known.get(name)
-        if known is not None:
-            return known
+        if known is None or self._refresh == 0:
+            return self._read(name)
+        if time.monotonic() - known[2] >= self._refresh:
+            self._read_in_background(name)
+        return known[0]
+
+    def _read_in_background(self, name: str) -> None:
+        with self._lock:
+            if name in self._refreshing:
+                return
+            self._refreshing.add(name)
+
+        def read() -> None:
+            try:
+                self._read(name)
+            except Exception:
+                # A file that no longer reads as a run: the next get reads it in the open and raises.
+                self._known.pop(name, None)
+            finally:
+                self._refreshing.discard(name)
+
+        threading.Thread(target=read, name=f"read-run-{name}", daemon=True).start()
+
+    def _read(self, name: str) -> StoredRun | None:
         path = self.path(name)
+        read_at = time.monotonic()
         try:
-            data = json.loads(fs.read_bytes(path))
+            data = fs.read_bytes(path)
         except FileNotFoundError:
             return None
+        known = self._known.get(name)
+        if known is not None and known[1] == data:
+            self._known[name] = (known[0], data, read_at)
+            return known[0]
+        try:
+            record = json.loads(data)
         except ValueError as error:
             raise RunError(
                 f"Stored run {path} is not valid JSON ({error}); restore it from a backup."
             ) from None
-        run = StoredRun.from_dict(data, where=path)
+        run = StoredRun.from_dict(record, where=path)
         if run.name != name:
             raise RunError(
                 f"Stored run {path} holds a plan named {run.name!r}; file and plan names must agree."
             )
-        self._known[name] = run
+        self._known[name] = (run, data, read_at)
         return run
 
     def names(self) -> list[str]:
@@ -267,9 +323,9 @@ class RunStore:
         under one new name at the same moment are not (the object store has no create-if-absent here).
         """
         with self._lock:
-            existing = self.get(run.name)
+            existing = self._read(run.name)
             if existing is not None:
-                if existing.to_dict() != run.to_dict():
+                if existing.to_dict() != run.to_dict() and not _created_as(existing, run):
                     raise RunConflictError(
                         f"Run {run.name!r} already exists with a different plan (fingerprint "
                         f"{existing.plan.fingerprint()}, split {existing.split!r}; the new one has "
@@ -277,9 +333,44 @@ class RunStore:
                         "created: choose another name."
                     )
                 return False
-            fs.write_atomic(self.path(run.name), run.to_bytes())
-            self._known[run.name] = run
+            self._write(run)
             return True
+
+    def add_stage(self, name: str, stage: Stage, *, current_step: int) -> tuple[StoredRun, bool]:
+        """Appends ``stage`` to run ``name``: (the run, True if written; False if it already ended with it).
+
+        ``current_step``: a step no trainer of the run has read yet, its lookahead included (a trainer at step
+        1,000 that fetches 16 steps ahead has read up to step 1,015: state 1,016 or more). The stage must start
+        at or after it and after the run's last stage (``RunPlan.with_stage``). As with ``create``, two
+        processes appending to one run at the same moment are not serialised.
+        """
+        with self._lock:
+            existing = self._read(name)
+            if existing is None:
+                raise RunError(
+                    f"There is no stored run {name!r} under {self._dir} to add a stage to; runs: {self.names()}."
+                )
+            if existing.plan.stages and existing.plan.stages[-1] == stage:
+                return existing, False  # a retried append
+            try:
+                run = StoredRun(existing.plan.with_stage(stage, current_step=current_step))
+            except PlanError as error:
+                raise RunError(str(error)) from None
+            self._write(run)
+            return run, True
+
+    def _write(self, run: StoredRun) -> None:
+        data = run.to_bytes()
+        fs.write_atomic(self.path(run.name), data)
+        self._known[run.name] = (run, data, time.monotonic())
+
+
+def _created_as(existing: StoredRun, run: StoredRun) -> bool:
+    """Whether ``existing`` is ``run`` with stages appended since it was created."""
+    kept = run.plan.stages
+    if len(existing.plan.stages) <= len(kept):
+        return False
+    return dataclasses.replace(existing.plan, stages=existing.plan.stages[: len(kept)]).to_dict() == run.plan.to_dict()
 
 
 def _is_run_file(file_name: str) -> bool:
