@@ -163,6 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the data of steps [START, STOP) (repeatable)",
     )
     p.add_argument("--split", default="train", help="cache split to read (default train)")
+    p.add_argument(
+        "--epoch-order",
+        choices=("feistel", "block"),
+        default="feistel",
+        help="order of epochs after the first: 'feistel' (per record, the default; every later-epoch "
+        "example is its own ranged read) or 'block' (shuffled blocks of --block-size contiguous records: "
+        "a bounded number of reads per host and step)",
+    )
+    p.add_argument("--block-size", type=int, default=None, help="records per block of --epoch-order block")
     p.set_defaults(run=_cmd_plan)
 
     p = sub.add_parser(
@@ -499,8 +508,17 @@ def _verify_root(root: str) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from taskdata.index import BatchSchedule, SkipRange
+    from taskdata.index import BatchSchedule, EpochOrder, SkipRange, reads_bound
     from taskdata.runs import RunStore, build_run
+
+    if args.epoch_order == "block" and args.block_size is None:
+        raise ValueError("--epoch-order block needs --block-size N (records per block), e.g. --block-size 64.")
+    if args.epoch_order != "block" and args.block_size is not None:
+        raise ValueError(
+            f"--block-size {args.block_size} applies to --epoch-order block only; add --epoch-order block or "
+            "drop --block-size."
+        )
+    epoch_order = EpochOrder.blocks(args.block_size) if args.epoch_order == "block" else EpochOrder()
 
     skip = []
     for text in args.skip:
@@ -526,11 +544,19 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         skip=skip,
         split=args.split,
         warn=lambda message: print(f"taskdata plan: warning: {message}", file=sys.stderr),
+        epoch_order=epoch_order,
     )
     store = RunStore(root)
     created = store.create(run)
     print(
         f"{'created' if created else 'unchanged'} {store.path(run.name)}: fingerprint {run.plan.fingerprint()}"
+    )
+    plan = run.plan
+    # The largest batch has the largest slices, and the bound grows with the slice.
+    slice_size = max(plan.schedule.start, plan.schedule.end) // plan.num_data_shards
+    print(
+        f"epoch order {plan.epoch_order.describe()}: at most {reads_bound(plan, slice_size)} ranged reads per "
+        f"data shard ({slice_size} examples) at any step"
     )
     return 0
 

@@ -18,6 +18,8 @@ from taskdata.index.assign import (
     read_runs,
     slice_positions,
 )
+from taskdata.index.block_order import BlockPermutation, block_permute_many
+from taskdata.index.epoch_order import FEISTEL, EpochOrder, epoch_and_index_in, task_position_in
 from taskdata.index.errors import PlanError
 from taskdata.index.host_reads import (
     RunTables,
@@ -31,16 +33,20 @@ from taskdata.index.layout import ShardLayout
 from taskdata.index.mixing import Mixing
 from taskdata.index.permutation import EpochPermutation, epoch_and_index, permute_many, task_position_of
 from taskdata.index.plan import INDEX_MATH_VERSION, RunPlan, SkipRange, TaskCache, data_shard_for_host
+from taskdata.index.read_bound import reads_bound, runs_per_block
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
 from taskdata.index.reads_json import MAX_LOOKAHEAD, from_json, to_json
 from taskdata.index.schedule import BatchSchedule
 
 __all__ = [
+    "FEISTEL",
     "INDEX_MATH_VERSION",
     "MAX_LOOKAHEAD",
     "READ_COLUMNS",
     "BatchSchedule",
+    "BlockPermutation",
     "CacheFiles",
+    "EpochOrder",
     "EpochPermutation",
     "ExampleArrays",
     "ExampleRef",
@@ -59,8 +65,10 @@ __all__ = [
     "TaskCache",
     "TaskReads",
     "assign",
+    "block_permute_many",
     "data_shard_for_host",
     "epoch_and_index",
+    "epoch_and_index_in",
     "example_arrays",
     "examples_at",
     "fits_int64",
@@ -70,10 +78,13 @@ __all__ = [
     "locate_example",
     "permute_many",
     "read_runs",
+    "reads_bound",
     "run_starts",
+    "runs_per_block",
     "slice_positions",
     "step_reads",
     "step_slices",
+    "task_position_in",
     "task_position_of",
     "to_json",
 ]

@@ -30,7 +30,7 @@ from taskdata.cache.format import (
     load_manifest,
     task_dir,
 )
-from taskdata.index import BatchSchedule, PlanError, RunPlan, SkipRange
+from taskdata.index import FEISTEL, BatchSchedule, EpochOrder, PlanError, RunPlan, SkipRange
 from taskdata.names import InvalidNameError, validate_name
 
 if TYPE_CHECKING:  # annotations only: build_run imports the definitions when it runs, as before
@@ -139,6 +139,7 @@ def build_run(
     skip: Sequence[SkipRange] = (),
     split: str = "train",
     warn: Callable[[str], None] | None = None,
+    epoch_order: EpochOrder = FEISTEL,
 ) -> StoredRun:
     """A run over the CURRENT complete cache version of every task of ``mixture`` (a task or mixture).
 
@@ -186,6 +187,7 @@ def build_run(
             num_data_shards=num_data_shards,
             skip=tuple(skip),
             split=split,
+            epoch_order=epoch_order,
         )
     except PlanError as error:
         raise RunError(str(error)) from None
