@@ -184,6 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --add-stage: a step no trainer of the run has read yet, its lookahead included (the step it "
              "trains next plus what it fetched ahead); a new stage must start at or after it",
     )
+    p.add_argument(
+        "--epoch-order",
+        choices=("feistel", "block"),
+        default="feistel",
+        help="order of epochs after the first: 'feistel' (per record, the default; every later-epoch "
+        "example is its own ranged read) or 'block' (shuffled blocks of --block-size contiguous records: "
+        "a bounded number of reads per host and step)",
+    )
+    p.add_argument("--block-size", type=int, default=None, help="records per block of --epoch-order block")
     p.set_defaults(run=_cmd_plan)
 
     p = sub.add_parser(
@@ -557,7 +566,7 @@ def _verify_root(root: str) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from taskdata.index import BatchSchedule, SkipRange, parse_stage
+    from taskdata.index import BatchSchedule, EpochOrder, SkipRange, parse_stage, reads_bound
     from taskdata.runs import RunStore, build_run
 
     if args.add_stage:
@@ -568,6 +577,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                if getattr(args, flag) is None]
     if missing:
         raise ValueError(f"Creating run {args.name!r} needs {', '.join(missing)} (or --add-stage to extend it).")
+    if args.epoch_order == "block" and args.block_size is None:
+        raise ValueError("--epoch-order block needs --block-size N (records per block), e.g. --block-size 64.")
+    if args.epoch_order != "block" and args.block_size is not None:
+        raise ValueError(
+            f"--block-size {args.block_size} applies to --epoch-order block only; add --epoch-order block or "
+            "drop --block-size."
+        )
+    epoch_order = EpochOrder.blocks(args.block_size) if args.epoch_order == "block" else EpochOrder()
+
     skip = []
     for text in args.skip:
         start, sep, stop = text.partition(":")
@@ -593,11 +611,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         split=args.split,
         stages=[parse_stage(text) for text in args.stage],
         warn=lambda message: print(f"taskdata plan: warning: {message}", file=sys.stderr),
+        epoch_order=epoch_order,
     )
     store = RunStore(root)
     created = store.create(run)
     print(
         f"{'created' if created else 'unchanged'} {store.path(run.name)}: fingerprint {run.plan.fingerprint()}"
+    )
+    plan = run.plan
+    # The largest batch of any stage has the largest slices, and the bound grows with the slice.
+    schedules = [plan.schedule] + [stage.schedule for stage in plan.stages if stage.schedule is not None]
+    slice_size = max(max(s.start, s.end) for s in schedules) // plan.num_data_shards
+    print(
+        f"epoch order {plan.epoch_order.describe()}: at most {reads_bound(plan, slice_size)} ranged reads per "
+        f"data shard ({slice_size} examples) at any step"
     )
     return 0
 

@@ -136,3 +136,38 @@ def test_a_flipped_byte_is_an_error_naming_shard_record_and_offset(tmp_path, roo
         f.write(bytes([byte[0] ^ 0x40]))
     with pytest.raises(CorruptRecordError, match=r"train\.tfrecord-00000-of-00003.*record \d+.*offset \d+"):
         reader.read(step)
+
+
+def test_a_block_order_run_reads_each_read_with_one_request_within_the_stated_bound(root, monkeypatch):
+    # Later epochs of a block-order run: the host batch is still exactly the examples read one by one, the
+    # reads per step stay within the plan's bound, and the client makes at most one ranged request per read.
+    import taskdata.cache.reader as reader_module
+    from taskdata.index import EpochOrder, reads_bound
+    from taskdata.runs import StoredRun
+
+    plan = dataclasses.replace(RunStore(root).get("mix4").plan, name="blocks", epoch_order=EpochOrder.blocks(4))
+    source = LocalAssignments.from_cache_root(StoredRun(plan), root)
+    reader = BatchReader(source.run_info(), LENGTHS)
+    caches = CacheResolver(root).resolve_run(RunStore(root).get("mix4"))
+    readers = {c.task: CacheReader(c.version_dir) for c in caches}
+    requests: list[int] = []
+    real_read_runs = reader_module._read_runs
+
+    def counting(source_, path, begins, sizes):
+        requests.append(len(begins))
+        return real_read_runs(source_, path, begins, sizes)
+
+    monkeypatch.setattr(reader_module, "_read_runs", counting)
+    bound = reads_bound(plan, 4)
+    for step in (0, 30, 333, 10**6):
+        for index in range(4):
+            step_reads = source.fetch(step, 1, HostSlice(index, 4))[0]
+            reads = sum(len(task) for task in step_reads.tasks)
+            requests.clear()
+            batch = reader.read(step_reads)
+            assert reads <= bound and sum(requests) <= reads, (step, index, reads, requests)
+            expected = reference_features(readers, plan, step, index, 4)
+            for name in LENGTHS:
+                assert np.array_equal(batch.features[name], expected[name]), (step, index, name)
+    reader.close()
+    source.close()

@@ -374,3 +374,25 @@ def test_resolved_cache_checks_its_tables(caches):
         dataclasses.replace(cache, offsets=cache.offsets[:-1])
     with pytest.raises(CacheUnavailableError, match="shard 0 has"):
         dataclasses.replace(cache, offsets=(cache.offsets[0][:-1], *cache.offsets[1:]))
+
+
+def test_plan_command_stores_the_block_epoch_order_and_states_its_reads_bound(caches, tmp_path, capsys):
+    from taskdata.cli import main
+    from taskdata.index import EpochOrder, reads_bound
+
+    root = tmp_path / "root"
+    shutil.copytree(caches, root)
+    argv = ["plan", "--module", MODULE, "--cache-root", str(root), "--mixture", "toy_det", "--seed", "0",
+            "--batch-size", "16", "--num-data-shards", "2"]
+    assert main([*argv, "--name", "blocks", "--epoch-order", "block", "--block-size", "4"]) == 0
+    out = capsys.readouterr().out
+    plan = RunStore(str(root)).get("blocks").plan
+    assert plan.epoch_order == EpochOrder.blocks(4)
+    assert f"at most {reads_bound(plan, 8)} ranged reads per data shard (8 examples)" in out
+    assert main([*argv, "--name", "records"]) == 0
+    default = RunStore(str(root)).get("records").plan
+    assert "epoch_order" not in default.to_dict() and default.fingerprint() != plan.fingerprint()
+    assert main([*argv, "--name", "x", "--epoch-order", "block"]) == 2
+    assert "--epoch-order block needs --block-size N" in capsys.readouterr().err
+    assert main([*argv, "--name", "x", "--block-size", "4"]) == 2
+    assert "applies to --epoch-order block only" in capsys.readouterr().err

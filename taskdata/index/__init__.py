@@ -18,6 +18,8 @@ from taskdata.index.assign import (
     read_runs,
     slice_positions,
 )
+from taskdata.index.block_order import BlockPermutation, block_permute_many
+from taskdata.index.epoch_order import FEISTEL, EpochOrder, epoch_and_index_in, task_position_in
 from taskdata.index.errors import PlanError
 from taskdata.index.host_reads import (
     RunTables,
@@ -33,18 +35,22 @@ from taskdata.index.occurrences import Occurrence, occurrences, reads_before
 from taskdata.index.permutation import EpochPermutation, epoch_and_index, permute_many, task_position_of
 from taskdata.index.plan import INDEX_MATH_VERSION, RunPlan, SkipRange, TaskCache, data_shard_for_host
 from taskdata.index.progress import RunProgress, TaskProgress, progress
+from taskdata.index.read_bound import reads_bound, runs_per_block
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
 from taskdata.index.reads_json import MAX_LOOKAHEAD, from_json, to_json
 from taskdata.index.schedule import BatchSchedule
 from taskdata.index.stages import STAGE_SYNTAX, Stage, StagedMixing, StagedSchedule, parse_stage
 
 __all__ = [
+    "FEISTEL",
     "INDEX_MATH_VERSION",
     "MAX_LOOKAHEAD",
     "READ_COLUMNS",
     "STAGE_SYNTAX",
     "BatchSchedule",
+    "BlockPermutation",
     "CacheFiles",
+    "EpochOrder",
     "EpochPermutation",
     "ExampleArrays",
     "ExampleRef",
@@ -69,8 +75,10 @@ __all__ = [
     "TaskProgress",
     "TaskReads",
     "assign",
+    "block_permute_many",
     "data_shard_for_host",
     "epoch_and_index",
+    "epoch_and_index_in",
     "example_arrays",
     "examples_at",
     "fits_int64",
@@ -84,10 +92,13 @@ __all__ = [
     "progress",
     "read_runs",
     "reads_before",
+    "reads_bound",
     "run_starts",
+    "runs_per_block",
     "slice_positions",
     "step_reads",
     "step_slices",
+    "task_position_in",
     "task_position_of",
     "to_json",
 ]

@@ -20,6 +20,8 @@ import dataclasses
 
 import numpy as np
 
+from taskdata.index.block_order import block_permute_many
+from taskdata.index.epoch_order import block_permutation
 from taskdata.index.errors import PlanError
 from taskdata.index.permutation import _epoch_permutation, permute_many
 from taskdata.index.plan import RunPlan
@@ -171,7 +173,8 @@ def example_arrays(plan: RunPlan, positions: range) -> ExampleArrays:
 
 
 def _permute(plan: RunPlan, tasks: np.ndarray, epochs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Record indices of positions past epoch 0: one ``permute_many`` over their (task, epoch) pairs."""
+    """Record indices of positions past epoch 0: one ``permute_many`` (or ``block_permute_many``, under
+    the block epoch order) over their (task, epoch) pairs."""
     # Sorting by (task, epoch) numbers the distinct pairs; Python then only touches each pair once.
     order = np.lexsort((epochs, tasks))
     sorted_tasks, sorted_epochs = tasks[order], epochs[order]
@@ -183,8 +186,15 @@ def _permute(plan: RunPlan, tasks: np.ndarray, epochs: np.ndarray, offsets: np.n
     which[order] = np.cumsum(new_pair) - 1
     firsts = np.flatnonzero(new_pair)
     names, layouts = plan.task_names, plan.layouts
+    pairs = list(zip(sorted_tasks[firsts].tolist(), sorted_epochs[firsts].tolist(), strict=True))
+    block_size = plan.epoch_order.block_size
+    if block_size is not None:
+        blocks = [
+            block_permutation(plan.seed, names[task], epoch, layouts[task].num_records, block_size)
+            for task, epoch in pairs
+        ]
+        return block_permute_many(blocks, which, offsets)
     permutations = [
-        _epoch_permutation(plan.seed, names[task], epoch, layouts[task].num_records)
-        for task, epoch in zip(sorted_tasks[firsts].tolist(), sorted_epochs[firsts].tolist(), strict=True)
+        _epoch_permutation(plan.seed, names[task], epoch, layouts[task].num_records) for task, epoch in pairs
     ]
     return permute_many(permutations, which, offsets)

@@ -8,8 +8,9 @@ contiguous slice ``d`` of it (``B(s) / D`` positions). Every position goes throu
 
 so the global batch is the same whatever ``D`` is, and the slices of a step are disjoint and make up
 the global batch. ``read_runs`` compresses a slice into runs of consecutive records of one shard:
-that is what a reader needs. From epoch 1 on, neighbouring positions of a task are not neighbouring
-records, so those runs are mostly of length 1; epoch 0 reads long runs.
+that is what a reader needs. From epoch 1 on, under the per-record epoch order, neighbouring positions
+of a task are not neighbouring records, so those runs are mostly of length 1; epoch 0 reads long runs,
+and so do later epochs under the block order (``taskdata.index.epoch_order``).
 
 The chain runs on numpy arrays for a whole slice at once (``taskdata.index.arrays``); the scalar
 chain is the reference, and the fallback for positions or record counts beyond int64.
@@ -22,8 +23,8 @@ import dataclasses
 import numpy as np
 
 from taskdata.index.arrays import ExampleArrays, example_arrays, fits_int64, run_starts
+from taskdata.index.epoch_order import epoch_and_index_in, task_position_in
 from taskdata.index.errors import PlanError
-from taskdata.index.permutation import epoch_and_index, task_position_of
 from taskdata.index.plan import RunPlan
 
 __all__ = [
@@ -126,7 +127,9 @@ def _examples_at_scalar(plan: RunPlan, positions: range) -> tuple[ExampleRef, ..
     for position in positions:
         task, task_position = mixing.locate(position)
         layout = layouts[task]
-        epoch, index = epoch_and_index(plan.seed, names[task], layout.num_records, task_position)
+        epoch, index = epoch_and_index_in(
+            plan.epoch_order, plan.seed, names[task], layout.num_records, task_position
+        )
         shard, record = layout.locate(index)
         out.append(ExampleRef(position, names[task], epoch, index, shard, record))
     return tuple(out)
@@ -211,6 +214,6 @@ def locate_example(plan: RunPlan, task: str, epoch: int, index: int) -> tuple[in
     """
     task_index = plan.task_index(task)
     layout = plan.layouts[task_index]
-    task_position = task_position_of(plan.seed, task, layout.num_records, epoch, index)
+    task_position = task_position_in(plan.epoch_order, plan.seed, task, layout.num_records, epoch, index)
     position = plan.mixing.position_of(task_index, task_position)
     return plan.step_of(position), position

@@ -39,6 +39,7 @@ from fractions import Fraction
 from typing import Any
 
 from taskdata.fingerprint import fingerprint
+from taskdata.index.epoch_order import FEISTEL, EpochOrder
 from taskdata.index.errors import PlanError
 from taskdata.index.layout import ShardLayout
 from taskdata.index.schedule import BatchSchedule
@@ -57,6 +58,9 @@ INDEX_MATH_VERSION = 1
 _PLAN_KEYS = (
     "name", "mixture", "caches", "rates", "seed", "schedule", "num_data_shards", "skip", "split", "stages",
 )  # fmt: skip
+# Keys a plan's JSON holds only when they differ from the default, so that plans made before they
+# existed keep their exact JSON and fingerprint.
+_OPTIONAL_PLAN_KEYS = ("epoch_order",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +146,7 @@ class RunPlan:
     skip: tuple[SkipRange, ...] = ()
     split: str = "train"
     stages: tuple[Stage, ...] = ()
+    epoch_order: EpochOrder = FEISTEL
 
     def __post_init__(self) -> None:
         _check_name(self.name, "run", "Run name")
@@ -167,6 +172,11 @@ class RunPlan:
         _check_schedule_splits(self.schedule, shards)
         object.__setattr__(self, "skip", _normalise_skips(self.skip))
         object.__setattr__(self, "stages", _check_stages(self.stages, caches, shards))
+        if not isinstance(self.epoch_order, EpochOrder):
+            raise PlanError(
+                f"Epoch order must be an EpochOrder but got {type(self.epoch_order).__name__}: "
+                f"{self.epoch_order!r}. Use EpochOrder() (per-record) or EpochOrder.blocks(size)."
+            )
 
     # Derived tables, built once per plan object; they are not fields, so they take no part in
     # equality or the fingerprint.
@@ -322,7 +332,7 @@ class RunPlan:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able description; ``RunPlan.from_dict`` rebuilds an equal plan from it."""
         assert self.rates is not None
-        return {
+        data: dict[str, Any] = {
             "name": self.name,
             "mixture": self.mixture,
             "caches": {name: cache.to_dict() for name, cache in self.caches.items()},
@@ -336,17 +346,20 @@ class RunPlan:
             # had before stages existed, which older readers still take.
             **({"stages": [stage.to_dict() for stage in self.stages]} if self.stages else {}),
         }
+        if not self.epoch_order.is_default:
+            data["epoch_order"] = self.epoch_order.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> RunPlan:
         if not isinstance(data, dict):
             raise PlanError(f"A run plan must be a JSON object but got {type(data).__name__}.")
         missing = [k for k in _PLAN_KEYS if k not in data and k != "stages"]
-        unknown = sorted(set(data) - set(_PLAN_KEYS))
+        unknown = sorted(set(data) - set(_PLAN_KEYS) - set(_OPTIONAL_PLAN_KEYS))
         if missing or unknown:
             raise PlanError(
                 f"A run plan needs exactly the keys {list(_PLAN_KEYS)} ('stages' may be left out when there are "
-                f"none); missing {missing}, unknown {unknown}."
+                f"none; optionally {list(_OPTIONAL_PLAN_KEYS)}); missing {missing}, unknown {unknown}."
             )
         caches = data["caches"]
         if not isinstance(caches, dict):
@@ -376,6 +389,7 @@ class RunPlan:
             skip=tuple(SkipRange(start, stop) for start, stop in skip),
             split=data["split"],
             stages=tuple(Stage.from_dict(stage) for stage in stages),
+            epoch_order=EpochOrder.from_dict(data["epoch_order"]) if "epoch_order" in data else FEISTEL,
         )
 
 

@@ -35,7 +35,7 @@ from taskdata.cache.format import (
     load_manifest,
     task_dir,
 )
-from taskdata.index import BatchSchedule, PlanError, RunPlan, SkipRange, Stage
+from taskdata.index import FEISTEL, BatchSchedule, EpochOrder, PlanError, RunPlan, SkipRange, Stage
 from taskdata.names import InvalidNameError, validate_name
 
 if TYPE_CHECKING:  # annotations only: build_run imports the definitions when it runs, as before
@@ -153,6 +153,7 @@ def build_run(
     split: str = "train",
     stages: Sequence[Stage] = (),
     warn: Callable[[str], None] | None = None,
+    epoch_order: EpochOrder = FEISTEL,
 ) -> StoredRun:
     """A run over the CURRENT complete cache version of every task of ``mixture`` (a task or mixture).
 
@@ -201,6 +202,7 @@ def build_run(
             skip=tuple(skip),
             split=split,
             stages=tuple(stages),
+            epoch_order=epoch_order,
         )
     except PlanError as error:
         raise RunError(str(error)) from None
