@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Deterministic, seqio-style data pipelines: define tasks, cache them with Beam, serve "
                     "shard assignments to trainer hosts.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an error, and Beam's worker logs (also $TASKDATA_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("list", parents=[common], help="list registered tasks and mixtures")
@@ -218,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(run=_cmd_serve)
     return parser
+
+
+def _version() -> str:
+    import taskdata  # already imported: this module is inside it
+
+    return taskdata.__version__
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -574,29 +583,31 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one command; the exit codes are ``taskdata.exits``' (0 ok, 1 a check failed, 2 a user error...)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after a bare '--' belongs to Beam (pipeline options), not to us.
     beam_args: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, beam_args = argv[:cut], argv[cut + 1 :]
+    debug = "--debug" in argv or bool(os.environ.get("TASKDATA_DEBUG"))  # accepted anywhere before '--'
+    argv = [arg for arg in argv if arg != "--debug"]
     parser = build_parser()
     args = parser.parse_args(argv)
     args.beam_args = beam_args
+    args.debug = debug
     from taskdata.beam.job import CacheJobError  # light: Beam itself is imported only when a job runs
     from taskdata.define.registry import UnknownNameError
-    try:
-        return int(args.run(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, UnknownNameError, FileNotFoundError, ModuleNotFoundError, PermissionError,
-            CacheJobError) as e:
-        # Expected failures (bad names, bad input, missing files) get one clear line, not a traceback.
-        if os.environ.get("TASKDATA_DEBUG"):
-            raise
-        print(f"taskdata {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    from taskdata.exits import run_command
+
+    # Expected failures (bad names, bad input, missing files) get one clear line, not a traceback.
+    return run_command(
+        f"taskdata {args.command}",
+        lambda: args.run(args),
+        usage_errors=(ValueError, UnknownNameError, OSError, ImportError),
+        data_errors=(CacheJobError,),
+        debug=debug,
+    )
 
 
 if __name__ == "__main__":
