@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import re
 import sys
 import threading
@@ -106,6 +107,7 @@ def run_cache_job(options: CacheOptions, registry: Any, log: Callable[[str], Non
     for split in splits:
         task.source.check_split(split)
     task_fingerprint = task.fingerprint()
+    _check_output_is_a_folder(options.output)
     root = task_dir(options.output, task.name)
     remove_abandoned_versions(root, options.stale_after_s, log)
 
@@ -164,6 +166,20 @@ def version_name(built: datetime.datetime, suffix: str) -> str:
 
 def _default_num_shards(estimated_bytes: int | None) -> int:
     return max(MIN_SHARDS, math.ceil((estimated_bytes or 0) / TARGET_SHARD_BYTES))
+
+
+def _check_output_is_a_folder(output: str) -> None:
+    """A local cache root, or the nearest of its parents that exists, must be a folder."""
+    if fs.is_remote(output):
+        return  # object stores have no files in the way of folders
+    path = os.path.abspath(output)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise NotADirectoryError(
+            f"--output {output} cannot be a cache root: {path} is a file, not a folder. Choose a folder (it is "
+            "created if missing)."
+        )
 
 
 def _check_writable(folder: str) -> None:
@@ -241,7 +257,11 @@ def _run_pipeline(spec: Any, work: list[tuple[str, int, str]], options: CacheOpt
         reporter.start()
     try:
         pipeline.run().wait_until_finish()
-    except Exception as e:
+    except (Exception, KeyboardInterrupt) as e:
+        if _interrupted(e):  # Ctrl-C, which Beam re-raises from its worker thread as another exception type
+            log(f"[cache] interrupted; the partial version {spec.version_dir} is not marked complete and will "
+                "never be read")
+            raise KeyboardInterrupt from e
         raise CacheJobError(f"Cache build of task {spec.task!r} failed in the Beam pipeline: "
                             f"{_root_cause(e)}\nThe partial version {spec.version_dir} is not marked "
                             "complete and will never be read; a later 'taskdata cache' of this task removes it "
@@ -250,6 +270,11 @@ def _run_pipeline(spec: Any, work: list[tuple[str, int, str]], options: CacheOpt
         stop.set()
         if reporter.is_alive():
             reporter.join()
+
+
+def _interrupted(error: BaseException) -> bool:
+    return any(isinstance(cause, KeyboardInterrupt) or str(cause).startswith("KeyboardInterrupt")
+               for cause in _chain(error))
 
 
 def _root_cause(error: BaseException) -> str:
