@@ -73,8 +73,8 @@ _EXAMPLE_FILES = {"TextLineSource": "data/train-*.txt", "TFExampleSource": "data
 
 def _check_split_to_files(source: str, split_to_files: Any) -> None:
     """A mapping of split name -> a glob pattern or a list of paths; anything else shows the right call."""
-    right = (f"{source}({{'train': {_EXAMPLE_FILES[source]!r}, 'validation': [...]}}) with, per split, a glob pattern "
-             "or a list of paths")
+    pattern = _EXAMPLE_FILES.get(source, "data/train-*")
+    right = f"{source}({{'train': {pattern!r}, 'validation': [...]}}) with, per split, a glob pattern or a list of paths"
     if isinstance(split_to_files, str | list | tuple):
         files = split_to_files if isinstance(split_to_files, str) else list(split_to_files)
         raise ValueError(
