@@ -252,7 +252,9 @@ def _run_pipeline(spec: Any, work: list[tuple[str, int, str]], options: CacheOpt
     pipeline = _beam_pipeline(options)
     build_cache_pipeline(pipeline, spec, work)
     stop = threading.Event()
-    reporter = threading.Thread(target=_report_progress, args=(spec.tmp_dir, len(work), stop, log), daemon=True)
+    shards_total = sum(count for _, count in spec.num_shards)
+    reporter = threading.Thread(target=_report_progress, args=(spec.tmp_dir, len(work), shards_total, stop, log),
+                                daemon=True)
     if options.progress:
         reporter.start()
     try:
@@ -310,29 +312,35 @@ def _chain(error: BaseException) -> list[BaseException]:
     return out
 
 
-def _report_progress(tmp_dir: str, total: int, stop: threading.Event, log: Callable[[str], None]) -> None:
+def _report_progress(tmp_dir: str, total: int, shards_total: int, stop: threading.Event,
+                     log: Callable[[str], None]) -> None:
+    """Logs a line when a stage makes progress, and at least every 15 s (see ``taskdata.beam.progress``)."""
     from taskdata.beam.pipeline import read_json
+    from taskdata.beam.progress import JobProgress, progress_line
 
     sources = fs.join(tmp_dir, "results", "sources")
     shards = fs.join(tmp_dir, "results", "shards")
-    started = time.monotonic()
+    started = stage_started = last_time = time.monotonic()
     read: dict[str, int] = {}
     written: dict[str, int] = {}
-    last = (-1, -1)
-    while not stop.wait(2.0):
+    last = None
+    finished = False
+    while not finished:
+        finished = stop.wait(2.0)  # after the pipeline ends, one last look shows where it ended
         try:
             for folder, seen, key in ((sources, read, "examples"), (shards, written, "records")):
-                for name in fs.listdir(folder):
+                for name in fs.listdir(folder) if fs.exists(folder) else []:
                     if name.endswith(".json") and name not in seen:
                         seen[name] = int(read_json(fs.join(folder, name))[key])
         except (OSError, ValueError, KeyError):
             continue
-        if (len(read), len(written)) != last:
-            last = (len(read), len(written))
-            examples = sum(read.values())
-            rate = examples / max(time.monotonic() - started, 1e-9)
-            log(f"[cache] source shards {len(read)}/{total} read, {examples:,} examples ({rate:,.0f}/s); "
-                f"{len(written)} output shards written, {sum(written.values()):,} records")
+        progress = JobProgress(len(read), total, sum(read.values()), len(written), shards_total, sum(written.values()))
+        now = time.monotonic()
+        if last is not None and progress.stage != last.stage:
+            stage_started = now
+        if progress != last or now - last_time >= 15:
+            log(progress_line(progress, now - stage_started, now - started))
+            last, last_time = progress, now
 
 
 def _finalize(task: Any, spec: Any, splits: Sequence[str], num_shards: dict[str, int], options: CacheOptions,
@@ -382,7 +390,7 @@ def _finalize(task: Any, spec: Any, splits: Sequence[str], num_shards: dict[str,
         problems = verify_shards(spec.version_dir, manifest)
         if problems:
             raise CacheJobError(f"Verification of the new cache failed, nothing was committed: {problems[0]}")
-        log(f"[cache] verified every record of {sum(s.num_records for s in split_manifests.values()):,} "
+        log(f"[cache] 3/3 verified every record of {sum(s.num_records for s in split_manifests.values()):,} "
             f"in {time.monotonic() - started:.1f} s")
     data = manifest_bytes(manifest)
     fs.write_atomic(fs.join(spec.version_dir, "manifest.json"), data)
