@@ -252,3 +252,21 @@ def test_help_texts_speak_of_the_product_only():
     assert len(texts) > 10  # every command and subcommand, the trainer and the two deploy scripts
     for text in texts:
         assert "issue" not in text.lower(), text
+
+
+def test_the_package_metadata_carries_the_license_without_the_deprecated_table(tmp_path):
+    import shutil
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert "license" not in project, "a license table is deprecated by setuptools >= 77; LICENSE is the license"
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, tmp_path / name)
+    for package in ("taskdata", "server", "trainer_client"):
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    result = subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q", "egg_info"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "deprecat" not in (result.stdout + result.stderr).lower()
+    metadata = (tmp_path / "taskdata.egg-info" / "PKG-INFO").read_text()
+    assert "License-File: LICENSE" in metadata and "Apache License" in (REPO / "LICENSE").read_text()
