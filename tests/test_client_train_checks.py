@@ -115,3 +115,14 @@ def test_an_unreadable_token_file_is_one_line_and_exit_code_2(tmp_path, capsys):
         f"python -m trainer_client.example.train: error: Cannot read --token-file {tmp_path / 'missing'}: No such "
         "file or directory."
     ]
+
+
+def test_a_server_that_does_not_answer_is_one_line_and_exit_code_3(tmp_path, capsys):
+    args = ["--server", "http://127.0.0.1:9", "--run", "r", "--retry-seconds", "1", "--steps", "1",
+            "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    assert main(args) == 3
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        "python -m trainer_client.example.train: error: Server http://127.0.0.1:9 did not answer GET /runs/r {} after "
+    ), line
+    assert line.endswith("Check that the server is running and reachable from this host (or raise retry_seconds).")

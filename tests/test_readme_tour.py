@@ -33,11 +33,11 @@ def tour_section() -> str:
 
 
 def setup_cache_command() -> str:
-    """The first set-up command's last step (the build of the cache), as a command on PATH."""
+    """The first set-up command's last step: the build of the cache, with ``.venv/bin/taskdata``."""
     [first_line, *_] = FENCE.search(README).group(2).splitlines()
     command = first_line.split("&&")[-1].strip()
     assert command.startswith(".venv/bin/taskdata cache "), command
-    return command.removeprefix(".venv/bin/")
+    return command
 
 
 def tour_blocks() -> tuple[list[str], str]:
@@ -53,7 +53,9 @@ def fake_venv(work: Path) -> None:
     script = bin_dir / "taskdata"  # like pip's console script: sys.path[0] is this folder, not the current one
     script.write_text(f"#!{sys.executable}\nimport sys\nfrom taskdata.cli import main\nsys.exit(main())\n")
     script.chmod(0o755)
-    (bin_dir / "python").symlink_to(sys.executable)
+    python = bin_dir / "python"  # a script, not a link: a link outside its venv would not find the venv's packages
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
     (bin_dir / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
 
 
@@ -64,7 +66,9 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     fake_venv(work)
-    script = "\n".join(["set -euo pipefail", setup_cache_command(), *bash[:1]])
+    # The background server must not outlive the tour (it would also hold the output pipes open).
+    script = "\n".join(["set -euo pipefail", "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT",
+                         setup_cache_command(), *bash[:1]])
     # my_project/ is made by the first block; the module is saved into it as the README says.
     script += f"\ncat > my_project/tasks.py <<'EOF_MODULE'\n{module}EOF_MODULE\n"
     script += "\n".join(["set +o pipefail  # '| head' ends the commands it reads early, as in a terminal", *bash[1:]])
