@@ -57,9 +57,10 @@ def test_the_trainer_refuses_a_batch_it_cannot_hold_before_training(tmp_path_fac
             "--inputs-length", "8", "--targets-length", "176", *MODEL_ARGS, "--d-ff", "1000000000"]  # fmt: skip
     assert main(args) == 2
     first = capsys.readouterr().err.splitlines()[-1]
+    per_device = 16 // len(jax.devices())  # the mesh's data axis spans every device (1 model replica each)
     assert first.startswith(
-        "python -m trainer_client.example.train: error: The train step for a global batch of 16 (16 examples per "
-        "device) needs "
+        "python -m trainer_client.example.train: error: The train step for a global batch of 16 "
+        f"({per_device} examples per device) needs "
     ), first
     assert "Even one example per device does not fit" in first
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir()), "nothing was trained"
