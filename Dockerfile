@@ -1,7 +1,7 @@
 # One image for the cache job, the assignment server and the trainer client.
 #   docker build -t taskdata .
 #   docker run --rm -v "$HOME/.cache/taskdata:/home/taskdata/.cache/taskdata" taskdata cache --task c4_span_corruption
-#   docker run --rm -p 8000:8000 -e TASKDATA_TOKEN=... taskdata serve --cache-root gs://BUCKET/cache --host 0.0.0.0
+#   docker run --rm -p 8000:8000 -e TASKDATA_SERVER_TOKEN=... taskdata serve --cache-root gs://BUCKET/cache --host 0.0.0.0
 #   docker run --rm --entrypoint python taskdata -m trainer_client.example.train --help
 FROM python:3.11.7-slim-bookworm
 
@@ -15,7 +15,7 @@ COPY requirements.lock /tmp/requirements.lock
 RUN pip install --no-deps -r /tmp/requirements.lock \
  && useradd --create-home --uid 10001 taskdata
 WORKDIR /opt/taskdata
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY taskdata ./taskdata
 COPY server ./server
 COPY trainer_client ./trainer_client

@@ -154,7 +154,7 @@ def main() -> None:
             f"{job['bytes'] / 1e6:,.1f} MB, {job['bytes'] / tokens:.2f} bytes per source token",
         ]
         print("\n".join(lines[-4:]), flush=True)
-    lines.append("for scale (issue figures, not rerun here): seqio's cache job for this task on 20,000 such "
+    lines.append("for scale (measured earlier, not rerun here): seqio's cache job for this task on 20,000 such "
                  "documents: ~96 s and 1.6 GB on this machine")
     write_section("Cache job", lines)
 

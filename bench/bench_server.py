@@ -9,7 +9,7 @@ load comes from another process, with one request in flight per connection, in t
 - a raw-socket client (asyncio, HTTP/1.1 keep-alive): it costs little, so the server is the bottleneck
   and its CPU time per request (from /proc, reported for every throughput line) is what decides;
 - httpx clients, one thread each, the way trainer hosts call the server: the trivial endpoint gives
-  about 1,200 requests/s this way, the ceiling the issue quotes for this machine.
+  about 1,200 requests/s this way, the ceiling measured for such clients on this machine.
 
 The plan is realistic: a 3-task mixture (0.7 / 0.25 / 0.05), global batch 2048 on 8 hosts (256
 examples per host), lookahead steps=1, ``encoding=base64`` as the trainer client asks (one line with
@@ -526,7 +526,7 @@ def measure(
     lines.append(
         f"targets: p99 <= 3 ms with one connection: worst {max(p99s):.2f} ms over the 5 lines above "
         f"({'met' if max(p99s) <= 3 else 'NOT met'}); throughput >= 60% of the trivial endpoint's, new "
-        f"(host, step) pairs: {ratios['httpx clients in threads', new]:.0%} with httpx clients (the issue's "
+        f"(host, step) pairs: {ratios['httpx clients in threads', new]:.0%} with httpx clients (the "
         f"~1,200 req/s ceiling), {ratios['raw-socket client', new]:.0%} with the raw-socket client (server-bound)"
     )
     return lines

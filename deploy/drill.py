@@ -1,4 +1,4 @@
-"""The end-to-end drill (issue 9): corpus on GCS -> cache -> plan -> server -> preempted, elastic training
+"""The end-to-end drill: corpus on GCS -> cache -> plan -> server -> preempted, elastic training
 -> validation predictions -> eval, each step run the way a user deploys it (the CLI and the trainer as
 separate processes, every path on ``gs://``).
 

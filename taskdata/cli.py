@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # each command imports these when it runs (see above)
     from taskdata.config import Config
     from taskdata.define.registry import Registry
     from taskdata.evaluation import TargetsSource
+    from server.settings import Settings
     from taskdata.runs import ExampleLedger, StepLedger
 
 __all__ = ["main"]
@@ -26,7 +27,7 @@ def _common_options() -> argparse.ArgumentParser:
     common.add_argument(
         "--module", action="append", default=[], metavar="MODULE",
         help="import this Python module before looking up names, so the tasks it registers are known "
-             "(repeatable; e.g. --module my_project.tasks)",
+             "(repeatable; e.g. --module my_project.tasks; the current folder is searched first, as by python -m)",
     )
     common.add_argument(
         "--c4-dir", metavar="DIR",
@@ -63,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Deterministic, seqio-style data pipelines: define tasks, cache them with Beam, serve "
                     "shard assignments to trainer hosts.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an error, and Beam's worker logs (also $TASKDATA_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("list", parents=[common], help="list registered tasks and mixtures")
@@ -253,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="port (default 8000)")
     p.add_argument("--no-access-log", action="store_true", help="do not log every request")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve without a bearer token on an address other than loopback (anyone who can connect "
+                        "reads every run and may create runs)")
     limits = p.add_argument_group(
         "limits",
         "what a client may send before it is refused (also $TASKDATA_SERVER_MAX_BODY_BYTES, "
@@ -290,6 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(run=_cmd_serve)
     return parser
+
+
+def _version() -> str:
+    import taskdata  # already imported: this module is inside it
+
+    return taskdata.__version__
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -407,6 +420,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     from taskdata.beam.job import CacheOptions, run_cache_job
     from taskdata.define.mixture import Mixture
 
+    _quiet_beam_logs(args.debug)
     if args.task is None and not (args.seqio_task or args.seqio_mixture):
         raise ValueError("Name what to cache: --task NAME, or --seqio-task NAME / --seqio-mixture NAME with the "
                          "--module that registers it in seqio.")
@@ -428,6 +442,13 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         print(result.version_dir)
         _log_seqio_location(result.version_dir, quiet=args.quiet)
     return 0
+
+
+def _quiet_beam_logs(debug: bool) -> None:
+    """Beam logs a failing worker's traceback before the job's own one-line error; show it only with --debug."""
+    import logging
+
+    logging.getLogger("apache_beam").setLevel(logging.INFO if debug else logging.CRITICAL)
 
 
 def _log_seqio_location(version_dir: str, quiet: bool) -> None:
@@ -787,9 +808,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "header_timeout_seconds": args.header_timeout,
         "keep_alive_seconds": args.keep_alive_timeout,
     }
-    settings = Settings(**{key: value for key, value in given.items() if value is not None})
+    settings = _serve_settings(Settings, {key: value for key, value in given.items() if value is not None})
+    _check_token_or_warn(settings, insecure=args.insecure)
     app = create_app(settings)
-    state_of(app)  # a bad runs file or default run is a one-line error here, before uvicorn starts
+    state = state_of(app)  # a bad runs file or default run is a one-line error here, before uvicorn starts
+    runs = [name for name, _ in state.run_names()]
+    print(f"taskdata serve: cache root {state.resolver.cache_root}; {len(runs)} run(s): "
+          f"{', '.join(runs) or 'none yet (create one with taskdata plan)'}", file=sys.stderr, flush=True)
     uvicorn.run(
         app,
         host=settings.host,
@@ -807,30 +832,68 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_settings(settings_type: type[Settings], given: dict[str, Any]) -> Settings:
+    """The server's settings, with pydantic's wording of a bad value reduced to our own message."""
+    from pydantic import ValidationError
+
+    try:
+        return settings_type(**given)
+    except ValidationError as e:
+        problems = [
+            error["msg"].removeprefix("Value error, ")
+            if error["type"] == "value_error"
+            else f"{'.'.join(str(part) for part in error['loc']) or 'settings'}: {error['msg']} (got {error.get('input')!r})"
+            for error in e.errors()
+        ]
+        raise ValueError(" ".join(problems)) from None
+
+
+_LOOPBACK = ("127.", "::1", "localhost")
+
+
+def _check_token_or_warn(settings: Settings, *, insecure: bool) -> None:
+    """No token: refused outside loopback unless --insecure, and a loud warning in any case."""
+    if settings.token is not None:
+        return
+    where = f"{settings.host}:{settings.port}"
+    if not settings.host.startswith(_LOOPBACK) and not insecure:
+        raise ValueError(
+            f"Refusing to serve {where} without a bearer token: anyone who can connect could read every run and "
+            "create runs. Give --token-file FILE (or $TASKDATA_SERVER_TOKEN), or pass --insecure on a trusted "
+            "network."
+        )
+    print(f"taskdata serve: WARNING: no bearer token: every route on {where} is open to anyone who can connect. "
+          "Give --token-file FILE (or $TASKDATA_SERVER_TOKEN) to require one.", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one command; the exit codes are ``taskdata.exits``' (0 ok, 1 a check failed, 2 a user error...)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after a bare '--' belongs to Beam (pipeline options), not to us.
     beam_args: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, beam_args = argv[:cut], argv[cut + 1 :]
+    debug = "--debug" in argv or bool(os.environ.get("TASKDATA_DEBUG"))  # accepted anywhere before '--'
+    argv = [arg for arg in argv if arg != "--debug"]
     parser = build_parser()
     args = parser.parse_args(argv)
     args.beam_args = beam_args
+    args.debug = debug
+    if getattr(args, "module", None) and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # --module finds the current folder's packages, as 'python -m' does
     from taskdata.beam.job import CacheJobError  # light: Beam itself is imported only when a job runs
     from taskdata.define.registry import UnknownNameError
-    try:
-        return int(args.run(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, UnknownNameError, FileNotFoundError, ModuleNotFoundError, PermissionError,
-            CacheJobError) as e:
-        # Expected failures (bad names, bad input, missing files) get one clear line, not a traceback.
-        if os.environ.get("TASKDATA_DEBUG"):
-            raise
-        print(f"taskdata {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    from taskdata.exits import run_command
+
+    # Expected failures (bad names, bad input, missing files) get one clear line, not a traceback.
+    return run_command(
+        f"taskdata {args.command}",
+        lambda: args.run(args),
+        usage_errors=(ValueError, UnknownNameError, OSError, ImportError),
+        data_errors=(CacheJobError,),
+        debug=debug,
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ TASKS = ("toy_det", "toy_random")
 LENGTHS = {"inputs": 8, "targets": 176}  # the toy caches' longest examples
 GLOBAL_BATCH = 16
 RUNS = {"mix4": 4, "mix2": 2, "mix1": 1}
-# Small enough to compile and step fast on CPU; the toy tasks use the byte vocabulary (< 512).
-MODEL_ARGS = ["--vocab-size", "512", "--d-model", "16", "--num-heads", "2", "--head-dim", "8", "--d-ff", "32"]
+# Small enough to compile and step fast on CPU; the toy tasks use the byte vocabulary (384 ids).
+MODEL_ARGS = ["--vocab-size", "384", "--d-model", "16", "--num-heads", "2", "--head-dim", "8", "--d-ff", "32"]
 
 
 def make_plan(readers: dict[str, CacheReader], name: str, num_data_shards: int, seed: int = 5) -> RunPlan:

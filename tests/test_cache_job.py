@@ -380,7 +380,7 @@ def test_the_cli_flag_and_the_source_option_allow_empty_files(tmp_path, monkeypa
     (corpus / "c4-train.00001-of-00002.json").write_bytes(b"")
     monkeypatch.setenv("TASKDATA_TEST_C4_DIR", str(corpus))
     argv = ["cache", "--task", "toy_c4", "--module", MODULE, "--output", str(tmp_path / "cache"), "--quiet"]
-    assert main(argv) == 2
+    assert main(argv) == 3  # taskdata.exits.EXIT_DATA: the job failed on its data
     assert main([*argv, "--allow-empty-source-files"]) == 0
     records = [example for _, example in Task(
         "c4_allowing", C4Source(str(corpus), splits=("train",), allow_empty_files=True), [EncodeText()], FEATURES,

@@ -68,9 +68,10 @@ def test_resuming_a_checkpoint_against_another_run_fails_loudly(root, jax_cache,
         first.check(STARTUP)
     other = trainer_args(["--cache-root", root, "--run", "other_seed"], tmp_path, 4, jax_cache)
     with trainers([Trainer(other, stderr_path=str(tmp_path / "err2"))]) as (second,):
-        second.check(STARTUP, expected=1)
+        second.check(STARTUP, expected=2)
     error = (tmp_path / "err2").read_text()
-    assert "ResumeError" in error and "but run 'other_seed' has fingerprint" in error
+    assert "python -m trainer_client.example.train: error: " in error and "but run 'other_seed' has fingerprint" in error
+    assert "Traceback" not in error
     assert max(hashes(tmp_path / "log.jsonl")) == 1, "nothing was trained on the other run"
 
 

@@ -263,3 +263,21 @@ def test_builtin_vocabulary_is_trained_once_and_fits_t5_conventions(tmp_path, mo
     vocabulary = SentencePieceVocabulary(path, extra_ids=100)
     assert (vocabulary.pad_id, vocabulary.eos_id, vocabulary.unk_id) == (0, 1, 2)
     assert vocabulary.vocab_size == 400
+
+
+def test_building_the_corpus_reports_each_file_and_a_summary(tmp_path, capsys):
+    corpus.ensure_builtin_corpus(SMALL_PARAMS, home=str(tmp_path))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == (
+        f"[corpus] building the built-in C4-format corpus into {corpus.builtin_corpus_dir(SMALL_PARAMS, str(tmp_path))} "
+        "(once per home folder)"
+    )
+    files = [line for line in lines if line.startswith("[corpus] train: file ") or "validation: file" in line]
+    assert [line.split(",")[0] for line in files] == [
+        "[corpus] train: file 1/3", "[corpus] train: file 2/3", "[corpus] train: file 3/3",
+        "[corpus] validation: file 1/2", "[corpus] validation: file 2/2",
+    ]
+    assert files[-1].startswith("[corpus] validation: file 2/2, 40/40 documents (") and "ETA 0 s" in files[-1]
+    assert lines[-1].startswith("[corpus] built 280 documents in ")
+    corpus.ensure_builtin_corpus(SMALL_PARAMS, home=str(tmp_path))
+    assert capsys.readouterr().err == ""  # reused silently

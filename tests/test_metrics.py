@@ -251,3 +251,49 @@ def test_qa_postprocessor_gives_targets_all_answers():
         ValueError, match=r"qa: a target needs the example's 'answers' .* its 'answers' is None"
     ):
         postprocessors.qa("x", example={}, is_target=True)
+
+
+def test_span_accuracy_counts_whole_targets_and_spans_under_their_sentinel():
+    targets = ["<extra_id_0> the cat<extra_id_1> sat", "<extra_id_0> on<extra_id_1> the mat"]
+    predictions = ["<extra_id_0> the cat<extra_id_1> sat", "<extra_id_0> on<extra_id_1> a mat"]
+    assert metrics.span_accuracy(targets, predictions) == {"span_exact_match": 50.0, "span_accuracy": 75.0}
+    # A span under another sentinel does not count: the model must put it back where it was.
+    assert metrics.span_accuracy(["<extra_id_0> a<extra_id_1> b"], ["<extra_id_1> a<extra_id_0> b"]) == {
+        "span_exact_match": 0.0, "span_accuracy": 0.0}
+    assert metrics.spans.split_spans("x <extra_id_0> a b<extra_id_3>c ") == {-1: "x", 0: "a b", 3: "c"}
+    with pytest.raises(MetricError, match="span_accuracy: example 0 is not text"):
+        metrics.span_accuracy([[1, 2]], ["x"])
+
+
+def test_token_accuracy_compares_target_tokens_position_by_position():
+    from taskdata.define.vocabularies import ByteVocabulary
+
+    token_accuracy = metrics.TokenAccuracy(ByteVocabulary())
+    assert token_accuracy.tokens("ab<extra_id_0>c") == [100, 101, 383, 102]  # bytes + 3; <extra_id_0> is the top id
+    assert token_accuracy(["abcd"], ["abxd"]) == {"token_accuracy": 75.0}
+    assert token_accuracy(["ab", "<extra_id_0>cd"], ["ab", "<extra_id_1>cd"]) == {"token_accuracy": 80.0}
+    assert token_accuracy(["abcd"], ["ab"]) == {"token_accuracy": 50.0}  # a short prediction misses the rest
+    assert token_accuracy(["ab"], ["<extra_id_999>ab"]) == {"token_accuracy": 0.0}  # unknown sentinel: -1, shifts
+
+
+def test_built_in_tasks_score_restored_text_and_not_a_wrong_one(tiny_sp_model):
+    from taskdata.config import Config
+    from taskdata.define.registry import Registry
+    from taskdata.tasks import register_builtin_tasks
+
+    registry = Registry()
+    register_builtin_tasks(registry, Config(vocab=tiny_sp_model))
+
+    def scores(task: str, targets: list[str], predictions: list[str]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for fn in registry.get_task(task).metric_fns:
+            out.update(fn(targets, predictions))
+        return out
+
+    target = "<extra_id_0> hello world<extra_id_1> again"
+    assert scores("c4_span_corruption", [target], [target]) == {
+        "span_exact_match": 100.0, "span_accuracy": 100.0, "token_accuracy": 100.0}
+    wrong = scores("c4_span_corruption", [target], ["<extra_id_0> hello world<extra_id_1> other"])
+    assert wrong["span_exact_match"] == 0.0 and wrong["span_accuracy"] == 50.0 and 0 < wrong["token_accuracy"] < 100
+    for task in ("c4_prefix_lm", "c4_mlm"):
+        assert scores(task, ["hello world"], ["hello world"]) == {"sequence_accuracy": 100.0, "token_accuracy": 100.0}

@@ -147,3 +147,28 @@ def test_tfexample_source_wrong_kind_names_record(tmp_path):
     source = TFExampleSource({"train": str(path)}, features={"text": "string"})
     with pytest.raises(SourceError, match=r"record 1: feature 'text' is not of kind 'string'"):
         list(source.read_shard("train", str(path)))
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [("x.txt", "'x.txt'"), (["a.txt", "b.txt"], "['a.txt', 'b.txt']")],
+)
+def test_a_file_source_given_files_without_a_split_shows_the_right_call(given, shown):
+    with pytest.raises(ValueError) as raised:
+        TextLineSource(given)
+    assert str(raised.value) == (
+        f"TextLineSource takes a mapping of split name to files, not {type(given).__name__} {given!r}: write "
+        f"TextLineSource({{'train': {shown}}}) for a single split, or TextLineSource({{'train': 'data/train-*.txt', "
+        "'validation': [...]}) with, per split, a glob pattern or a list of paths."
+    )
+
+
+def test_source_constructors_reject_what_they_cannot_read():
+    with pytest.raises(ValueError, match=r"TextLineSource split 'train' has files 3: TextLineSource\(\{'train'"):
+        TextLineSource({"train": 3})
+    with pytest.raises(ValueError, match=r"C4Source splits must be a tuple of split names, e.g. splits=\('train',\)"):
+        C4Source("/c4", splits="train")
+    with pytest.raises(ValueError, match=r"split 'train' declares the string '0': give a list of shard names"):
+        FunctionSource(lambda split, shard: [], {"train": "0"})
+    with pytest.raises(ValueError, match=r"FunctionSource takes fn\(split, shard\) -> records first"):
+        FunctionSource({"train": ["0"]}, {"train": ["0"]})

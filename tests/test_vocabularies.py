@@ -22,6 +22,18 @@ def test_decode_renders_sentinels_and_stops_at_eos(tiny_sp_model):
     assert vocab.decode(ids) == "hello<extra_id_0>world"
 
 
+@pytest.mark.parametrize("bad", [400, 32127, -1])
+def test_decode_of_an_id_outside_the_vocabulary_is_an_error(tiny_sp_model, bad):
+    vocab = SentencePieceVocabulary(tiny_sp_model, extra_ids=100)
+    with pytest.raises(ValueError) as raised:
+        vocab.decode([5, 6, bad, 1])
+    assert str(raised.value).splitlines()[0] == (
+        f"Cannot decode id {bad} at position 2: it is outside this vocabulary of 400 ids (300 pieces + 100 extra "
+        "ids). Ids must come from a model whose vocabulary size equals the task's."
+    )
+    assert vocab.decode([5, 6, 399, 1]).endswith("<extra_id_0>")  # the top id is still the first sentinel
+
+
 def test_numpy_and_tensorflow_paths_agree_sentencepiece(tiny_sp_model):
     import tensorflow as tf
 

@@ -1,4 +1,4 @@
-"""Server fault drills (issue 15): what an attacker and a careless client send to ``taskdata serve``.
+"""Server fault drills: what an attacker and a careless client send to ``taskdata serve``.
 
 Each drill starts a real ``taskdata serve`` (uvicorn, 127.0.0.1, a free port, a bearer token) over
 small caches built with ``taskdata cache`` (tasks of ``tests.cache_tasks``, train and validation),

@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import re
 import sys
 import threading
@@ -118,6 +119,7 @@ def run_cache_job(options: CacheOptions, registry: Registry, log: Callable[[str]
     for split in splits:
         task.source.check_split(split)
     task_fingerprint = task.fingerprint()
+    _check_output_is_a_folder(options.output)
     root = task_dir(options.output, task.name)
     remove_abandoned_versions(root, options.stale_after_s, log)
 
@@ -179,6 +181,20 @@ def version_name(built: datetime.datetime, suffix: str) -> str:
 
 def _default_num_shards(estimated_bytes: int | None) -> int:
     return max(MIN_SHARDS, math.ceil((estimated_bytes or 0) / TARGET_SHARD_BYTES))
+
+
+def _check_output_is_a_folder(output: str) -> None:
+    """A local cache root, or the nearest of its parents that exists, must be a folder."""
+    if fs.is_remote(output):
+        return  # object stores have no files in the way of folders
+    path = os.path.abspath(output)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise NotADirectoryError(
+            f"--output {output} cannot be a cache root: {path} is a file, not a folder. Choose a folder (it is "
+            "created if missing)."
+        )
 
 
 def _check_writable(folder: str) -> None:
@@ -251,12 +267,18 @@ def _run_pipeline(spec: CacheJobSpec, work: list[tuple[str, int, str]], options:
     pipeline = _beam_pipeline(options)
     build_cache_pipeline(pipeline, spec, work)
     stop = threading.Event()
-    reporter = threading.Thread(target=_report_progress, args=(spec.tmp_dir, len(work), stop, log), daemon=True)
+    shards_total = sum(count for _, count in spec.num_shards)
+    reporter = threading.Thread(target=_report_progress, args=(spec.tmp_dir, len(work), shards_total, stop, log),
+                                daemon=True)
     if options.progress:
         reporter.start()
     try:
         pipeline.run().wait_until_finish()
-    except Exception as e:
+    except (Exception, KeyboardInterrupt) as e:
+        if _interrupted(e):  # Ctrl-C, which Beam re-raises from its worker thread as another exception type
+            log(f"[cache] interrupted; the partial version {spec.version_dir} is not marked complete and will "
+                "never be read")
+            raise KeyboardInterrupt from e
         raise CacheJobError(f"Cache build of task {spec.task!r} failed in the Beam pipeline: "
                             f"{_root_cause(e)}\nThe partial version {spec.version_dir} is not marked "
                             "complete and will never be read; a later 'taskdata cache' of this task removes it "
@@ -265,6 +287,11 @@ def _run_pipeline(spec: CacheJobSpec, work: list[tuple[str, int, str]], options:
         stop.set()
         if reporter.is_alive():
             reporter.join()
+
+
+def _interrupted(error: BaseException) -> bool:
+    return any(isinstance(cause, KeyboardInterrupt) or str(cause).startswith("KeyboardInterrupt")
+               for cause in _chain(error))
 
 
 def _root_cause(error: BaseException) -> str:
@@ -300,29 +327,35 @@ def _chain(error: BaseException) -> list[BaseException]:
     return out
 
 
-def _report_progress(tmp_dir: str, total: int, stop: threading.Event, log: Callable[[str], None]) -> None:
+def _report_progress(tmp_dir: str, total: int, shards_total: int, stop: threading.Event,
+                     log: Callable[[str], None]) -> None:
+    """Logs a line when a stage makes progress, and at least every 15 s (see ``taskdata.beam.progress``)."""
     from taskdata.beam.pipeline import read_json
+    from taskdata.beam.progress import JobProgress, progress_line
 
     sources = fs.join(tmp_dir, "results", "sources")
     shards = fs.join(tmp_dir, "results", "shards")
-    started = time.monotonic()
+    started = stage_started = last_time = time.monotonic()
     read: dict[str, int] = {}
     written: dict[str, int] = {}
-    last = (-1, -1)
-    while not stop.wait(2.0):
+    last = None
+    finished = False
+    while not finished:
+        finished = stop.wait(2.0)  # after the pipeline ends, one last look shows where it ended
         try:
             for folder, seen, key in ((sources, read, "examples"), (shards, written, "records")):
-                for name in fs.listdir(folder):
+                for name in fs.listdir(folder) if fs.exists(folder) else []:
                     if name.endswith(".json") and name not in seen:
                         seen[name] = int(read_json(fs.join(folder, name))[key])
         except (OSError, ValueError, KeyError):
             continue
-        if (len(read), len(written)) != last:
-            last = (len(read), len(written))
-            examples = sum(read.values())
-            rate = examples / max(time.monotonic() - started, 1e-9)
-            log(f"[cache] source shards {len(read)}/{total} read, {examples:,} examples ({rate:,.0f}/s); "
-                f"{len(written)} output shards written, {sum(written.values()):,} records")
+        progress = JobProgress(len(read), total, sum(read.values()), len(written), shards_total, sum(written.values()))
+        now = time.monotonic()
+        if last is not None and progress.stage != last.stage:
+            stage_started = now
+        if progress != last or now - last_time >= 15:
+            log(progress_line(progress, now - stage_started, now - started))
+            last, last_time = progress, now
 
 
 def _finalize(task: Task, spec: CacheJobSpec, splits: Sequence[str], num_shards: dict[str, int], options: CacheOptions,
@@ -380,7 +413,7 @@ def _finalize(task: Task, spec: CacheJobSpec, splits: Sequence[str], num_shards:
         problems = verify_shards(spec.version_dir, manifest)
         if problems:
             raise CacheJobError(f"Verification of the new cache failed, nothing was committed: {problems[0]}")
-        log(f"[cache] verified every record of {sum(s.num_records for s in split_manifests.values()):,} "
+        log(f"[cache] 3/3 verified every record of {sum(s.num_records for s in split_manifests.values()):,} "
             f"in {time.monotonic() - started:.1f} s")
     data = manifest_bytes(manifest)
     fs.write_atomic(fs.join(spec.version_dir, "manifest.json"), data)

@@ -62,10 +62,20 @@ class Vocabulary(abc.ABC):
         """Decodes ids that are all inside the base vocabulary."""
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Decodes ids, stopping at EOS; sentinels are rendered as ``<extra_id_N>``, padding is dropped."""
+        """Decodes ids, stopping at EOS; sentinels are rendered as ``<extra_id_N>``, padding is dropped.
+
+        An id outside ``[0, vocab_size)`` is an error: it cannot come from this vocabulary (typically a
+        model whose output layer is larger than the vocabulary), and rendering it would hide that.
+        """
         pieces: list[str] = []
         run: list[int] = []
-        for i in (int(x) for x in ids):
+        for position, i in enumerate(int(x) for x in ids):
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(
+                    f"Cannot decode id {i} at position {position}: it is outside this vocabulary of "
+                    f"{self.vocab_size} ids ({self.base_vocab_size} pieces + {self.extra_ids} extra ids). Ids "
+                    "must come from a model whose vocabulary size equals the task's."
+                )
             if i == self.eos_id:
                 break
             if i == self.pad_id:

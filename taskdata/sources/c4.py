@@ -34,6 +34,8 @@ class C4Source(Source):
                 f"C4Source needs the folder of C4 JSON-lines files (or a function returning it) but got "
                 f"{data_dir!r}: for example C4Source('gs://my-bucket/c4/en')."
             )
+        if isinstance(splits, str) or not splits or not all(isinstance(split, str) for split in splits):
+            raise ValueError(f"C4Source splits must be a tuple of split names, e.g. splits=('train',), but got {splits!r}.")
         self._data_dir = data_dir
         self._splits = tuple(splits)
         self.allows_empty_shards = bool(allow_empty_files)

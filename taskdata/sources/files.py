@@ -26,8 +26,7 @@ __all__ = ["ParquetSource", "TFExampleSource", "TextLineSource"]
 
 class _FileSource(Source):
     def __init__(self, split_to_files: Mapping[str, str | Sequence[str]], *, allow_empty_files: bool = False):
-        if not split_to_files:
-            raise ValueError(f"{type(self).__name__} needs at least one split, e.g. {{'train': 'data/*.txt'}}.")
+        _check_split_to_files(type(self).__name__, split_to_files)
         self._split_to_files = {s: (f if isinstance(f, str) else tuple(f)) for s, f in split_to_files.items()}
         self.allows_empty_shards = bool(allow_empty_files)
 
@@ -66,6 +65,29 @@ class _FileSource(Source):
 
     @abc.abstractmethod
     def read_shard(self, split: str, shard: str) -> Iterator[dict[str, Any]]: ...
+
+
+_EXAMPLE_FILES = {"TextLineSource": "data/train-*.txt", "TFExampleSource": "data/train-*.tfrecord",
+                  "ParquetSource": "data/train-*.parquet"}
+
+
+def _check_split_to_files(source: str, split_to_files: Any) -> None:
+    """A mapping of split name -> a glob pattern or a list of paths; anything else shows the right call."""
+    pattern = _EXAMPLE_FILES.get(source, "data/train-*")
+    right = f"{source}({{'train': {pattern!r}, 'validation': [...]}}) with, per split, a glob pattern or a list of paths"
+    if isinstance(split_to_files, str | list | tuple):
+        files = split_to_files if isinstance(split_to_files, str) else list(split_to_files)
+        raise ValueError(
+            f"{source} takes a mapping of split name to files, not {type(split_to_files).__name__} {split_to_files!r}: "
+            f"write {source}({{'train': {files!r}}}) for a single split, or {right}."
+        )
+    if not isinstance(split_to_files, Mapping) or not split_to_files:
+        raise ValueError(f"{source} needs at least one split but got {split_to_files!r}: {right}.")
+    for split, files in split_to_files.items():
+        paths = [files] if isinstance(files, str) else files
+        if (not isinstance(split, str) or not isinstance(paths, list | tuple) or not paths
+                or not all(isinstance(p, str) and p for p in paths)):
+            raise ValueError(f"{source} split {split!r} has files {files!r}: {right}.")
 
 
 class TextLineSource(_FileSource):

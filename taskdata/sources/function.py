@@ -23,9 +23,16 @@ class FunctionSource(Source):
 
     def __init__(self, fn: Callable[[str, str], Iterable[Mapping[str, Any]]], shards: Mapping[str, Sequence[str]],
                  version: str = "1", *, allow_empty_shards: bool = False):
-        if not shards:
-            raise ValueError("FunctionSource needs at least one split in 'shards', e.g. {'train': ['0', '1']}.")
+        if not callable(fn):
+            raise ValueError(f"FunctionSource takes fn(split, shard) -> records first but got {fn!r}: "
+                            "FunctionSource(read, {'train': ['0', '1']}).")
+        if not isinstance(shards, Mapping) or not shards:
+            raise ValueError(f"FunctionSource needs a mapping of split name to shard names but got {shards!r}: "
+                             "FunctionSource(read, {'train': ['0', '1'], 'validation': ['0']}).")
         for split, names in shards.items():
+            if isinstance(names, str):
+                raise ValueError(f"FunctionSource split {split!r} declares the string {names!r}: give a list of "
+                                 f"shard names, e.g. {{{split!r}: [{names!r}]}}.")
             if not names:
                 raise ValueError(f"FunctionSource split {split!r} declares no shards.")
             if len(set(names)) != len(names):

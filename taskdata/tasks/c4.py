@@ -4,6 +4,11 @@ The source is C4 in allenai/c4's JSON-lines format: ``config.c4_dir`` if given, 
 (built into ``config.home`` on first use). The vocabulary is ``config.vocab`` (a SentencePiece model
 with T5's special ids, e.g. T5's ``cc_all.32000`` model) if given, else one trained on the built-in
 corpus; both with T5's 100 extra ids.
+
+Their metrics say how much of the hidden text a model restores: span corruption reports
+``span_exact_match`` (whole targets), ``span_accuracy`` (spans under their sentinel) and
+``token_accuracy`` (target tokens at their position); prefix LM and MLM report ``sequence_accuracy``
+(whole targets) and ``token_accuracy``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from taskdata.define.features import Feature
 from taskdata.define.packing import Packing
 from taskdata.define.registry import Registry
 from taskdata.define.vocabularies import SentencePieceVocabulary
+from taskdata.metrics import TokenAccuracy, sequence_accuracy, span_accuracy
 from taskdata.preprocessors import (
     AppendEosAfterTrim,
     MaskedLM,
@@ -58,6 +64,7 @@ def register_builtin_tasks(registry: Registry, config: Config | None = None, *, 
         [text_to_targets, Tokenize(), SpanCorruption(), AppendEosAfterTrim()],
         output_features=features,
         sequence_length={"inputs": 512, "targets": 114},
+        metric_fns=[span_accuracy, TokenAccuracy(vocabulary)],
         replace=replace,
     )
     registry.add_task(
@@ -66,6 +73,7 @@ def register_builtin_tasks(registry: Registry, config: Config | None = None, *, 
         [text_to_targets, Tokenize(), PrefixLM(), AppendEosAfterTrim()],
         output_features=features,
         sequence_length={"inputs": 512, "targets": 512},
+        metric_fns=[sequence_accuracy, TokenAccuracy(vocabulary)],
         replace=replace,
     )
     registry.add_task(
@@ -74,6 +82,7 @@ def register_builtin_tasks(registry: Registry, config: Config | None = None, *, 
         [Rekey({"inputs": "text", "targets": None}), Tokenize(), MaskedLM()],
         output_features=features,
         sequence_length={"inputs": 512, "targets": 512},
+        metric_fns=[sequence_accuracy, TokenAccuracy(vocabulary)],
         replace=replace,
     )
     # Prefix LM over single sentences: ~30 tokens an example, so unpacked rows would be mostly padding;

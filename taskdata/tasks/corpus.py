@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -486,8 +487,16 @@ def _file_name(split: str, index: int, count: int) -> str:
     return f"c4-{split}.{index:05d}-of-{count:05d}.json.gz"
 
 
-def _write_split(folder: str, pool: _Pool, split: str, params: CorpusParameters) -> dict[str, Any]:
+Log = Callable[[str], None]
+
+
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _write_split(folder: str, pool: _Pool, split: str, params: CorpusParameters, log: Log) -> dict[str, Any]:
     num_docs, num_files = params.docs_and_files(split)
+    started, written = time.monotonic(), 0
     documents = _documents(pool, split, num_docs, params.seed)
     files, chars = [], 0
     for file_index in range(num_files):
@@ -509,6 +518,10 @@ def _write_split(folder: str, pool: _Pool, split: str, params: CorpusParameters)
         files.append(
             {"name": name, "documents": size, "bytes": os.path.getsize(path), "sha256": _sha256(path)}
         )
+        written += size
+        seconds = time.monotonic() - started
+        log(f"[corpus] {split}: file {file_index + 1}/{num_files}, {written:,}/{num_docs:,} documents "
+            f"({written / max(seconds, 1e-9):,.0f}/s, ETA {seconds * (num_docs - written) / written:.0f} s)")
     return {"documents": num_docs, "characters": chars, "files": files}
 
 
@@ -520,8 +533,9 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _build_into(folder: str, params: CorpusParameters) -> dict[str, Any]:
+def _build_into(folder: str, params: CorpusParameters, log: Log = _to_stderr) -> dict[str, Any]:
     """Writes every file of the corpus into the existing empty ``folder``, ``CORPUS.json`` last."""
+    log("[corpus] gathering English text from Python's documentation and Debian's copyright files")
     pools, found = _pools()
     manifest: dict[str, Any] = {
         "format": "allenai/c4 en json-lines (taskdata built-in corpus)",
@@ -529,7 +543,7 @@ def _build_into(folder: str, params: CorpusParameters) -> dict[str, Any]:
         "parameters": dataclasses.asdict(params),
         "sources": found,
         "zlib": zlib.ZLIB_VERSION,
-        "splits": {split: _write_split(folder, pools[split], split, params) for split in _SPLITS},
+        "splits": {split: _write_split(folder, pools[split], split, params, log) for split in _SPLITS},
     }
     data = json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8") + b"\n"
     with open(os.path.join(folder, CORPUS_MANIFEST), "wb") as f:
@@ -649,7 +663,11 @@ def ensure_builtin_corpus(params: CorpusParameters = DEFAULT_PARAMETERS, home: s
         return False
 
     def build() -> None:
+        started = time.monotonic()
+        _to_stderr(f"[corpus] building the built-in C4-format corpus into {out_dir} (once per home folder)")
         _publish_folder(out_dir, params)
+        documents = params.num_train_docs + params.num_validation_docs
+        _to_stderr(f"[corpus] built {documents:,} documents in {time.monotonic() - started:.1f} s")
 
     return _ensure(out_dir, is_complete, build)
 
@@ -670,6 +688,10 @@ def ensure_builtin_vocabulary(
     path = os.path.join(corpus_dir, f"sentencepiece-{SentencePieceOptions(vocab_size).file_tag}.model")
 
     def build() -> None:
+        started = time.monotonic()
+        _to_stderr(f"[vocab] training the built-in SentencePiece vocabulary ({vocab_size:,} pieces) on the corpus's "
+                   "train split (once per home folder)")
         train_from_source(C4Source(corpus_dir, splits=("train",)), "train", vocab_size, path)
+        _to_stderr(f"[vocab] trained {path} in {time.monotonic() - started:.1f} s")
 
     return _ensure(path, lambda: os.path.isfile(path), build)

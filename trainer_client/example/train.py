@@ -34,6 +34,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 import traceback
 import types
 from collections.abc import Mapping, Sequence
@@ -78,11 +79,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--seed", type=int, default=0, help="parameter initialisation seed")
     train.add_argument("--learning-rate", type=float, default=1e-3)
-    train.add_argument("--vocab-size", type=int, default=32128)
+    train.add_argument(
+        "--vocab-size",
+        type=_positive,
+        default=None,
+        help="model vocabulary (default: the run's tasks' vocabulary size; they are looked up with --module)",
+    )
+    train.add_argument(
+        "--allow-vocab-size-mismatch",
+        action="store_true",
+        help="train a model whose --vocab-size differs from the tasks' vocabulary (its predictions may not decode)",
+    )
     train.add_argument("--d-model", type=int, default=32)
     train.add_argument("--num-heads", type=int, default=2)
     train.add_argument("--head-dim", type=int, default=16)
     train.add_argument("--d-ff", type=int, default=64)
+    train.add_argument(
+        "--skip-memory-check",
+        action="store_true",
+        help="start even if the train step of the run's largest batch needs more memory than a device has",
+    )
+    train.add_argument(
+        "--print-every",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="print step, loss, examples/s and data wait this often (default 10; 0: every step)",
+    )
+    train.add_argument("--debug", action="store_true", help="print the traceback of an error")
 
     predict = p.add_argument_group("predictions (after the last step)")
     predict.add_argument(
@@ -102,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--module",
         action="append",
         default=[],
-        help="import this module to register the run's tasks (their vocabularies decode the predictions)",
+        help="import this module to register the run's tasks (their vocabularies size the model and decode the "
+        "predictions)",
     )
 
     hosts = p.add_argument_group("hosts")
@@ -147,7 +172,7 @@ def _initialize_distributed(args: argparse.Namespace) -> None:
 
     if args.coordinator is None:
         if args.num_processes != 1:
-            raise SystemExit("--num-processes > 1 needs --coordinator HOST:PORT (process 0's address).")
+            raise ValueError("--num-processes > 1 needs --coordinator HOST:PORT (process 0's address).")
         return
     # CPU hosts need a collectives backend to run cross-process programs; TPU/GPU ignore this.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -197,21 +222,26 @@ def _place(values: Mapping[str, np.ndarray], shardings: Mapping[str, jax.shardin
 
 def _source(args: argparse.Namespace) -> AssignmentSource:
     if (args.server is None) == (args.cache_root is None):
-        raise SystemExit("Give exactly one of --server URL or --cache-root DIR.")
+        raise ValueError("Give exactly one of --server URL or --cache-root DIR.")
     if args.server is not None:
         from trainer_client.server_source import ServerAssignments
 
         token = None
         if args.token_file:
-            with open(args.token_file) as f:
-                token = f.read().strip()
+            try:
+                with open(args.token_file) as f:
+                    token = f.read().strip()
+            except OSError as e:
+                raise ValueError(f"Cannot read --token-file {args.token_file}: {e.strerror or e}.") from e
+            if not token:
+                raise ValueError(f"--token-file {args.token_file} is empty; put the server's bearer token in it.")
         return ServerAssignments(args.server, args.run, token=token, retry_seconds=args.retry_seconds)
     from taskdata.runs import RunStore
     from trainer_client.local_source import LocalAssignments
 
     stored = RunStore(args.cache_root).get(args.run)
     if stored is None:
-        raise SystemExit(
+        raise ValueError(
             f"No run {args.run!r} under {args.cache_root}/_runs; create it with 'taskdata plan --name {args.run} ...'."
         )
     return LocalAssignments.from_cache_root(stored, args.cache_root)
@@ -226,6 +256,46 @@ def _registry(args: argparse.Namespace) -> Registry:
     for module in args.module:
         registry.load_module(module)
     return registry
+
+
+def _model_vocab_size(args: argparse.Namespace, task_names: Sequence[str]) -> int:
+    """``--vocab-size``, or the run's tasks' vocabulary size; a model that differs from it is refused."""
+    from taskdata.define.registry import UnknownNameError
+
+    registry = _registry(args)
+    sizes: dict[str, int] = {}
+    try:
+        for name in task_names:
+            task = registry.get_task(name)
+            for feature_name, feature in task.output_features.items():
+                if feature.vocabulary is not None and feature.dtype != "string":
+                    sizes[f"{name}/{feature_name}"] = feature.vocabulary.vocab_size
+    except UnknownNameError as e:
+        if args.vocab_size is not None:
+            print(f"note: --vocab-size {args.vocab_size} is not checked against the tasks ({e.args[0]})", file=sys.stderr)
+            return args.vocab_size
+        raise ValueError(
+            f"{e.args[0]} The trainer sizes its model from the run's tasks: pass the --module that registers them, "
+            "or --vocab-size N."
+        ) from e
+    distinct = sorted(set(sizes.values()))
+    if args.vocab_size is None:
+        if len(distinct) > 1:
+            raise ValueError(
+                f"The run's features have vocabularies of different sizes ({_listing(sizes)}); one model cannot "
+                "decode them all. Pass --vocab-size N (at least the largest) with --allow-vocab-size-mismatch."
+            )
+        return distinct[0]
+    if distinct != [args.vocab_size] and not args.allow_vocab_size_mismatch:
+        raise ValueError(
+            f"--vocab-size {args.vocab_size} differs from the vocabulary of the run's tasks ({_listing(sizes)}): "
+            f"leave --vocab-size out to use {distinct[-1]}, or pass --allow-vocab-size-mismatch."
+        )
+    return args.vocab_size
+
+
+def _listing(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{name}: {size}" for name, size in sizes.items())
 
 
 def _predict(
@@ -260,8 +330,28 @@ def _predict(
         multihost_utils.sync_global_devices("predictions")
 
 
+PROG = "python -m trainer_client.example.train"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Trains; the exit codes are ``taskdata.exits``' (2 a user error, 3 the server or data failed, 130 Ctrl-C)."""
+    from taskdata.define.registry import UnknownNameError
+    from taskdata.exits import run_command
+    from trainer_client.assignments import AssignmentError
+    from trainer_client.example.checkpoint import CheckpointError
+    from trainer_client.iterator import ResumeError
+
     args = build_parser().parse_args(argv)
+    return run_command(
+        PROG,
+        lambda: _main(args),
+        usage_errors=(ValueError, OSError, ImportError, UnknownNameError, ResumeError, CheckpointError),
+        data_errors=(AssignmentError,),
+        debug=args.debug,
+    )
+
+
+def _main(args: argparse.Namespace) -> int:
     stop = _StopRequest()
     _initialize_distributed(args)
     if args.coordinator is None:
@@ -292,6 +382,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _check_memory(
+    step_fn: Any, shapes: Any, tx: Any, mesh: Any, plan: Any, args: argparse.Namespace, lengths: dict[str, int]
+) -> None:
+    """Refuses a run whose largest global batch cannot fit, asking XLA before anything is allocated."""
+    import jax
+    import numpy as np
+
+    from trainer_client.arrays import batch_sharding
+    from trainer_client.example.memory import available_bytes, check_fits, step_memory
+
+    # A batch schedule is constant or a linear ramp, so its largest batch is at one end of the run.
+    largest = max(plan.schedule.batch_size(0), plan.schedule.batch_size(max(args.steps - 1, 0)))
+    data_devices = mesh.shape["data"]
+    rows = -(-largest // data_devices) * data_devices
+    batch = {
+        name: jax.ShapeDtypeStruct((rows, length), np.int32, sharding=batch_sharding(mesh))
+        for name, length in lengths.items()
+    }
+    compiled = step_fn.lower(shapes, jax.eval_shape(tx.init, shapes), batch).compile()
+    device = jax.local_devices()[0]
+    sharing = len(jax.local_devices()) if device.platform == "cpu" else 1
+    check_fits(
+        step_memory(compiled, rows // data_devices),
+        available_bytes(device),
+        global_batch=largest,
+        data_devices=data_devices,
+        num_data_shards=plan.num_data_shards,
+        devices_sharing_memory=sharing,
+    )
+
+
 def _train(args: argparse.Namespace, stop: _StopRequest) -> int:
     import jax
     import numpy as np
@@ -311,6 +432,7 @@ def _train(args: argparse.Namespace, stop: _StopRequest) -> int:
     from trainer_client.example.batch_log import BatchLog
     from trainer_client.example.model import ModelConfig, init_params, loss_fn, param_shapes, param_specs
     from trainer_client.example.optimizer import init_opt_state, make_optimizer, opt_state_shardings
+    from trainer_client.example.progress import StepReporter
     from trainer_client.iterator import DataIterator, DataState
 
     if args.compilation_cache:
@@ -318,12 +440,31 @@ def _train(args: argparse.Namespace, stop: _StopRequest) -> int:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     first_process = jax.process_index() == 0
     mesh = make_mesh(args.model_axis)
-    config = ModelConfig(args.vocab_size, args.d_model, args.num_heads, args.head_dim, args.d_ff)
+    source = _source(args)
+    plan = source.run_info().plan
+    vocab_size = _model_vocab_size(args, plan.task_names)
+    config = ModelConfig(vocab_size, args.d_model, args.num_heads, args.head_dim, args.d_ff)
     config.check_model_axis(mesh.shape["model"])
     tx = make_optimizer(args.learning_rate)
     p_shardings = {n: NamedSharding(mesh, s) for n, s in param_specs(config).items()}
     shapes = {n: jax.ShapeDtypeStruct(shape, np.float32) for n, shape in param_shapes(config).items()}
     o_shardings = opt_state_shardings(tx, p_shardings, shapes, replicated(mesh))
+    lengths = {"inputs": args.inputs_length, "targets": args.targets_length}
+
+    def train_step(params: Any, opt_state: Any, batch: Any) -> Any:
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch, config)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    data_sharding = {name: batch_sharding(mesh) for name in lengths}
+    step_fn = jax.jit(
+        train_step,
+        in_shardings=(p_shardings, o_shardings, data_sharding),
+        out_shardings=(p_shardings, o_shardings, replicated(mesh)),
+        donate_argnums=(0, 1),
+    )
+    if not args.skip_memory_check:
+        _check_memory(step_fn, shapes, tx, mesh, plan, args, lengths)
     manager = checkpoint.checkpoint_manager(args.checkpoint_dir, args.keep)
 
     # Process 0 picks the checkpoint and every process restores that one (they share the directory).
@@ -353,13 +494,11 @@ def _train(args: argparse.Namespace, stop: _StopRequest) -> int:
         params = _place(init_params(config, args.seed), p_shardings)
         opt_state = init_opt_state(tx, params, o_shardings)
 
-    source = _source(args)
     if args.predictions_out:
         # An unknown task fails now, not after the whole run has trained.
         registry = _registry(args)
-        for task in source.run_info().plan.task_names:
+        for task in plan.task_names:
             registry.get_task(task)
-    lengths = {"inputs": args.inputs_length, "targets": args.targets_length}
     iterator = DataIterator(
         source,
         lengths,
@@ -370,22 +509,16 @@ def _train(args: argparse.Namespace, stop: _StopRequest) -> int:
         stop_step=args.steps,
     )
 
-    def train_step(params: Any, opt_state: Any, batch: Any) -> Any:
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch, config)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    data_sharding = {name: batch_sharding(mesh) for name in lengths}
-    step_fn = jax.jit(
-        train_step,
-        in_shardings=(p_shardings, o_shardings, data_sharding),
-        out_shardings=(p_shardings, o_shardings, replicated(mesh)),
-        donate_argnums=(0, 1),
-    )
     log = BatchLog(args.log) if args.log and first_process else None
+    reporter = StepReporter(args.steps, args.print_every) if first_process else None
     finished = False
     try:
-        for batch in iterator:
+        while True:
+            waited_from = time.monotonic()
+            batch = next(iterator, None)
+            if batch is None:
+                break
+            data_wait_s = time.monotonic() - waited_from
             if batch.skipped:
                 entry: dict[str, Any] = {"step": batch.step, "skipped": True}
             else:
@@ -413,6 +546,8 @@ def _train(args: argparse.Namespace, stop: _StopRequest) -> int:
                 }
             if log is not None:
                 log.write(entry)
+            if reporter is not None:
+                reporter.record(batch.step, entry.get("loss"), entry.get("examples", 0), data_wait_s)
             next_step = batch.step + 1
             stopping = _any_process(stop.requested)
             if stopping or next_step % args.checkpoint_every == 0 or next_step == args.steps:
