@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # each command imports these when it runs (see above)
+    from server.settings import Settings
     from taskdata.config import Config
     from taskdata.define.registry import Registry
     from taskdata.evaluation import TargetsSource
-    from server.settings import Settings
     from taskdata.runs import ExampleLedger, StepLedger
 
 __all__ = ["main"]
