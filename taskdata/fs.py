@@ -64,29 +64,30 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
-def read_many(paths: list[str]) -> list[bytes]:
-    """The bytes of every file of ``paths``, in order. Remote files are fetched concurrently (gcsfs
-    batches them on one event loop): a sidecar per shard of a 65,536-shard cache is one request each,
-    and one after another they would take minutes. A missing file is FileNotFoundError naming it."""
+def read_many(paths: list[str]) -> list[bytes | None]:
+    """The bytes of every file of ``paths``, in order, None for a file that does not exist. Remote files
+    are fetched concurrently (gcsfs batches them on one event loop): a sidecar per shard of a
+    65,536-shard cache is one request each, and one after another they would take minutes."""
     if not paths:
         return []
     if not is_remote(paths[0]):
-        out = []
+        out: list[bytes | None] = []
         for path in paths:
-            with open(os.path.abspath(path.removeprefix("file://")), "rb") as f:
-                out.append(f.read())
+            try:
+                with open(os.path.abspath(path.removeprefix("file://")), "rb") as f:
+                    out.append(f.read())
+            except FileNotFoundError:
+                out.append(None)
         return out
     fs, _ = filesystem(paths[0])
     inners = [filesystem(path)[1] for path in paths]
     found = fs.cat(inners, on_error="return")
     out = []
-    for path, inner in zip(paths, inners, strict=True):
+    for inner in inners:
         data = found.get(inner)
-        if data is None or isinstance(data, FileNotFoundError):
-            raise FileNotFoundError(f"{path} does not exist")
-        if isinstance(data, BaseException):
+        if isinstance(data, BaseException) and not isinstance(data, FileNotFoundError):
             raise data
-        out.append(data)
+        out.append(None if data is None or isinstance(data, BaseException) else data)
     return out
 
 

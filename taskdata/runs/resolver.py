@@ -222,8 +222,8 @@ class CacheResolver:
             version=version_dir.rstrip("/").rsplit("/", 1)[-1],
             version_dir=version_dir,
             manifest=manifest,
-            shard_uris=tuple(fs.join(version_dir, entry.file) for entry in entries),
-            offsets=tuple(index.offsets for index in check.indexes),
+            shard_uris=tuple(f"{version_dir.rstrip('/')}/{entry.file}" for entry in entries),
+            offsets=check.offsets,
         )
 
 

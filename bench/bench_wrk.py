@@ -1,0 +1,192 @@
+"""/shards throughput with ``wrk`` (C, one thread, so the load generator is not the bottleneck), next to
+a trivial FastAPI endpoint in the same run, and the server CPU per request that sizes a pod's replicas.
+
+Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--write]
+
+Servers are bench_server.py's: ``taskdata serve`` (uvicorn, httptools, one worker, no access log; here
+with ``--first-use-check listing``) over its synthetic caches, and its one-route FastAPI app. Every
+configuration runs in turn within a round (interleaved), each with fresh steps so that the server's
+answer cache never holds them; figures are medians over rounds. Request shapes (wrk's Lua, one
+counter per wrk thread):
+
+- together: the hosts (data shards) of a step window arrive one after another, then the next window;
+- distinct: every request is for a new step window, so every one computes a step's whole global batch;
+- ``steps=S``: the lookahead window a trainer asks for per request (the client's default is 16).
+
+Runs: bench_server.py's r64 and r65536 (3-task mixture, global batch 2048, 8 data shards), and pod512:
+the 65,536-shard caches with 512 data shards (4 examples per data shard per step), what a 4,096-host
+pod with a model axis of 8 asks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._report import write_section
+from bench.bench_server import GLOBAL_BATCH, OUT, RATES, free_port, make_runs, start, stop
+
+WRK = "/usr/bin/wrk"
+LUA = r"""
+local counter = 0
+local mode, run, hosts = os.getenv("MODE"), os.getenv("RUN"), tonumber(os.getenv("HOSTS"))
+local steps, base = tonumber(os.getenv("STEPS")), tonumber(os.getenv("BASE"))
+request = function()
+  local path
+  if mode == "trivial" then
+    path = "/trivial"
+  else
+    local window = counter
+    if mode == "together" then window = math.floor(counter / hosts) end
+    path = string.format("/shards?host=%d&step=%d&steps=%d&run=%s&encoding=base64", counter % hosts,
+                         base + window * steps, steps, run)
+  end
+  counter = counter + 1
+  return wrk.format("GET", path)
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('{"requests": %d, "duration_us": %d, "bytes": %d, "p50_us": %d, "p99_us": %d, ' ..
+    '"errors": %d, "non2xx": %d}\n', summary.requests, summary.duration, summary.bytes, latency:percentile(50),
+    latency:percentile(99), e.connect + e.read + e.write + e.timeout, e.status))
+end
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def wrk(script: str, port: int, pid: int, connections: int, seconds: float, **env: str | int) -> dict:
+    before_server = cpu_seconds(pid)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(
+        [WRK, "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s", script, f"http://127.0.0.1:{port}"],
+        capture_output=True, text=True, timeout=seconds + 60, env={**os.environ, **{k: str(v) for k, v in env.items()}},
+        check=True,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if result["errors"] or result["non2xx"]:
+        raise SystemExit(f"wrk {env}: {result['errors']} socket errors, {result['non2xx']} non-2xx answers")
+    seconds_taken = result["duration_us"] / 1e6
+    result.update(
+        rate=result["requests"] / seconds_taken,
+        server_cpu_us=(cpu_seconds(pid) - before_server) / result["requests"] * 1e6,
+        wrk_cpu=((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) / seconds_taken,
+    )
+    return result
+
+
+def pod_run(root: Path) -> dict:
+    from taskdata.cache.format import load_manifest
+    from taskdata.index import BatchSchedule, RunPlan, TaskCache
+    from taskdata.runs import StoredRun, cache_fingerprint
+
+    caches = {}
+    for task in RATES:
+        version = root / task / "v20260101T000000Z-bench65536"
+        caches[task] = TaskCache(cache_fingerprint(str(version)), load_manifest(str(version)).split("train").record_counts)
+    plan = RunPlan(name="pod512", mixture="bench_mix", caches=caches, rates=RATES, seed=1234,
+                   schedule=BatchSchedule.constant(GLOBAL_BATCH), num_data_shards=512)
+    return StoredRun(plan).to_dict()
+
+
+CONFIGS = [
+    # (label, run, data shards, mode, steps, connections)
+    ("trivial endpoint", None, 8, "trivial", 1, 16),
+    ("r64, together, steps=1", "r64", 8, "together", 1, 16),
+    ("r64, distinct, steps=1", "r64", 8, "distinct", 1, 16),
+    ("r65536, together, steps=1", "r65536", 8, "together", 1, 16),
+    ("r65536, distinct, steps=1", "r65536", 8, "distinct", 1, 16),
+    ("pod512, together, steps=16", "pod512", 512, "together", 16, 16),
+    ("pod512, distinct, steps=16", "pod512", 512, "distinct", 16, 16),
+    ("r64, together, steps=1, 1 connection", "r64", 8, "together", 1, 1),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    root = OUT
+    runs = [*make_runs(root), pod_run(root)]
+    work = Path(tempfile.mkdtemp(prefix="bench-wrk-"))
+    (work / "runs.json").write_text(json.dumps(runs))
+    script = work / "shards.lua"
+    script.write_text(LUA)
+    port, trivial_port = free_port(), free_port()
+    server = start([sys.executable, "-m", "taskdata", "serve", "--cache-root", str(root), "--runs-file",
+                    str(work / "runs.json"), "--port", str(port), "--no-access-log", "--first-use-check", "listing"],
+                   port, work / "server.log")
+    trivial = start([sys.executable, str(Path(__file__).with_name("bench_server.py")), "--serve-trivial",
+                     str(trivial_port)], trivial_port, work / "trivial.log")
+    loads = [f"{os.getloadavg()[0]:.1f}"]
+    try:
+        for run in ("r64", "r65536", "pod512"):  # first use (listing) before anything is timed
+            started = time.monotonic()
+            while subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                                  f"http://127.0.0.1:{port}/shards?host=0&step=0&run={run}"],
+                                 capture_output=True, text=True).stdout != "200":
+                if time.monotonic() - started > 600:
+                    raise SystemExit(f"run {run} not ready after 600 s")
+                time.sleep(0.5)
+        results: dict[str, list[dict]] = {label: [] for label, *_ in CONFIGS}
+        for round_ in range(args.rounds):
+            for i, (label, run, hosts, mode, steps, connections) in enumerate(CONFIGS):
+                target, pid = (trivial_port, trivial.pid) if run is None else (port, server.pid)
+                base = 10_000 + (round_ * len(CONFIGS) + i) * 10_000_000  # fresh steps every time
+                results[label].append(wrk(str(script), target, pid, connections, args.seconds, MODE=mode,
+                                          RUN=run or "", HOSTS=hosts, STEPS=steps, BASE=base))
+                print(label, {k: round(v, 1) for k, v in results[label][-1].items()}, flush=True)
+            loads.append(f"{os.getloadavg()[0]:.1f}")
+        server_rss = rss_mb(server.pid)
+    finally:
+        stop(trivial)
+        stop(server)
+    med = {label: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for label, rs in results.items()}
+    ceiling = med["trivial endpoint"]["rate"]
+    lines = []
+    for label, run, _hosts, _mode, _steps, connections in CONFIGS:
+        m = med[label]
+        ratio = "" if run is None else f" = {m['rate'] / ceiling:.0%} of the trivial endpoint"
+        lines.append(
+            f"{label} ({connections} connection{'s' if connections > 1 else ''}): {m['rate']:,.0f} req/s{ratio}, "
+            f"p50 {m['p50_us'] / 1e3:.2f} ms, p99 {m['p99_us'] / 1e3:.2f} ms, {m['bytes'] / m['requests']:,.0f} "
+            f"bytes/answer, server CPU {m['server_cpu_us']:,.0f} us/request, wrk {m['wrk_cpu']:.0%} of a core"
+        )
+    together = med["pod512, together, steps=16"]
+    lines.append(
+        f"pod sizing from the pod512 line (512 data shards, steps=16 per request): a host asks once per 16 steps, so "
+        f"at 1 step/s 4,096 hosts send 256 req/s = {256 * together['server_cpu_us'] / 1e6:.2f} cores of server CPU; "
+        f"one replica (one core) serves {1e6 / together['server_cpu_us'] * 16:,.0f} hosts at 1 step/s; "
+        f"server RSS after the run {server_rss:,.0f} MB"
+    )
+    lines.append(f"targets: together >= 60% of the trivial endpoint, distinct >= 30%, p99 <= 3 ms at 1 connection; "
+                 f"medians of {args.rounds} interleaved rounds of {args.seconds:.0f} s; load {', '.join(loads)}")
+    print("\n".join(lines))
+    if args.write:
+        write_section("Server with wrk", lines)
+
+
+if __name__ == "__main__":
+    main()
