@@ -74,7 +74,7 @@ def rss_mb(pid: int) -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def wrk(script: str, port: int, pid: int, connections: int, seconds: float, **env: str | int) -> dict:
+def wrk(script: str, port: int, pid: int, connections: int, seconds: int, **env: str | int) -> dict:
     before_server = cpu_seconds(pid)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(
@@ -95,7 +95,23 @@ def wrk(script: str, port: int, pid: int, connections: int, seconds: float, **en
     return result
 
 
-def pod_run(root: Path) -> dict:
+def burst(port: int, pid: int, data_shards: int, step: int) -> dict:
+    """Every host of a pod asks for the same fresh 16-step window at once (a synchronised restart, and
+    what hosts in lockstep do at every window boundary): ``MODEL_AXIS`` hosts per data shard, 64
+    connections of bench_server.py's raw-socket client."""
+    from bench.bench_server import load as raw_load
+
+    paths = [f"/shards?host={h // MODEL_AXIS}&step={step}&steps=16&run=pod{data_shards}&encoding=base64"
+             for h in range(data_shards * MODEL_AXIS)]
+    before = cpu_seconds(pid)
+    result = raw_load(port, paths, 64)
+    assert set(result["statuses"]) == {"200"}, result["statuses"]
+    ordered = sorted(result["latencies"])
+    return {"seconds": result["seconds"], "cpu": cpu_seconds(pid) - before, "p50": ordered[len(ordered) // 2],
+            "p99": ordered[int(len(ordered) * 0.99)], "bytes": result["mean_bytes"]}
+
+
+def pod_run(root: Path, data_shards: int) -> dict:
     from taskdata.cache.format import load_manifest
     from taskdata.index import BatchSchedule, RunPlan, TaskCache
     from taskdata.runs import StoredRun, cache_fingerprint
@@ -104,11 +120,13 @@ def pod_run(root: Path) -> dict:
     for task in RATES:
         version = root / task / "v20260101T000000Z-bench65536"
         caches[task] = TaskCache(cache_fingerprint(str(version)), load_manifest(str(version)).split("train").record_counts)
-    plan = RunPlan(name="pod512", mixture="bench_mix", caches=caches, rates=RATES, seed=1234,
-                   schedule=BatchSchedule.constant(GLOBAL_BATCH), num_data_shards=512)
+    plan = RunPlan(name=f"pod{data_shards}", mixture="bench_mix", caches=caches, rates=RATES, seed=1234,
+                   schedule=BatchSchedule.constant(GLOBAL_BATCH), num_data_shards=data_shards)
     return StoredRun(plan).to_dict()
 
 
+MODEL_AXIS = 8
+POD_SHARDS = (32, 128, 512)  # 256, 1,024 and 4,096 hosts with a model axis of 8
 CONFIGS = [
     # (label, run, data shards, mode, steps, connections)
     ("trivial endpoint", None, 8, "trivial", 1, 16),
@@ -124,12 +142,12 @@ CONFIGS = [
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     root = OUT
-    runs = [*make_runs(root), pod_run(root)]
+    runs = [*make_runs(root), *(pod_run(root, shards) for shards in POD_SHARDS)]
     work = Path(tempfile.mkdtemp(prefix="bench-wrk-"))
     (work / "runs.json").write_text(json.dumps(runs))
     script = work / "shards.lua"
@@ -142,7 +160,7 @@ def main() -> None:
                      str(trivial_port)], trivial_port, work / "trivial.log")
     loads = [f"{os.getloadavg()[0]:.1f}"]
     try:
-        for run in ("r64", "r65536", "pod512"):  # first use (listing) before anything is timed
+        for run in ("r64", "r65536", *(f"pod{n}" for n in POD_SHARDS)):  # first use (listing) before anything is timed
             started = time.monotonic()
             while subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
                                   f"http://127.0.0.1:{port}/shards?host=0&step=0&run={run}"],
@@ -159,6 +177,10 @@ def main() -> None:
                                           RUN=run or "", HOSTS=hosts, STEPS=steps, BASE=base))
                 print(label, {k: round(v, 1) for k, v in results[label][-1].items()}, flush=True)
             loads.append(f"{os.getloadavg()[0]:.1f}")
+        bursts = {shards: [] for shards in POD_SHARDS}
+        for round_ in range(args.rounds):
+            for shards in POD_SHARDS:
+                bursts[shards].append(burst(port, server.pid, shards, 900_000_000 + round_ * 1_000_000 + shards * 16))
         server_rss = rss_mb(server.pid)
     finally:
         stop(trivial)
@@ -174,13 +196,18 @@ def main() -> None:
             f"p50 {m['p50_us'] / 1e3:.2f} ms, p99 {m['p99_us'] / 1e3:.2f} ms, {m['bytes'] / m['requests']:,.0f} "
             f"bytes/answer, server CPU {m['server_cpu_us']:,.0f} us/request, wrk {m['wrk_cpu']:.0%} of a core"
         )
-    together = med["pod512, together, steps=16"]
-    lines.append(
-        f"pod sizing from the pod512 line (512 data shards, steps=16 per request): a host asks once per 16 steps, so "
-        f"at 1 step/s 4,096 hosts send 256 req/s = {256 * together['server_cpu_us'] / 1e6:.2f} cores of server CPU; "
-        f"one replica (one core) serves {1e6 / together['server_cpu_us'] * 16:,.0f} hosts at 1 step/s; "
-        f"server RSS after the run {server_rss:,.0f} MB"
-    )
+    for shards in POD_SHARDS:
+        b = {key: statistics.median(r[key] for r in bursts[shards]) for key in bursts[shards][0]}
+        hosts = shards * MODEL_AXIS
+        lines.append(
+            f"pod of {hosts:,} hosts ({shards} data shards x model axis {MODEL_AXIS}), all asking for the same new "
+            f"16-step window at once (64 connections): every host answered in {b['seconds']:.2f} s, p50 "
+            f"{b['p50'] * 1e3:.1f} ms, p99 {b['p99'] * 1e3:.1f} ms, {b['bytes']:,.0f} bytes/answer; server CPU "
+            f"{b['cpu']:.2f} s per window = {b['cpu'] / 16 * 1e3:.0f} ms per training step, so one replica (one core) "
+            f"keeps up with {16 / b['cpu']:,.1f} steps/s and at 1 step/s "
+            f"{hosts * 16 / b['cpu']:,.0f} hosts; replicas per 10,000 hosts at 1 step/s: "
+            f"{max(1, -(-10_000 * b['cpu'] // (hosts * 16))):.0f} (one core each)")
+    lines.append(f"server RSS after every run above was served: {server_rss:,.0f} MB")
     lines.append(f"targets: together >= 60% of the trivial endpoint, distinct >= 30%, p99 <= 3 ms at 1 connection; "
                  f"medians of {args.rounds} interleaved rounds of {args.seconds:.0f} s; load {', '.join(loads)}")
     print("\n".join(lines))
