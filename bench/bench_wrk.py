@@ -14,6 +14,11 @@ counter per wrk thread):
 - distinct: every request is for a new step window, so every one computes a step's whole global batch;
 - ``steps=S``: the lookahead window a trainer asks for per request (the client's default is 16).
 
+Then pods on one machine (loopback, 64 connections, model axis 8: 8 hosts per data shard ask the same
+question): every host of a 256-, 1,024- and 4,096-host pod asking for one fresh 16-step window at once
+(a synchronised restart, and hosts in lockstep at every window), and the 4,096-host pod training at 1 and
+4 steps/s for 32 s with hosts spread over the window (latency counted from when each request was due).
+
 Runs: bench_server.py's r64 and r65536 (3-task mixture, global batch 2048, 8 data shards), and pod512:
 the 65,536-shard caches with 512 data shards (4 examples per data shard per step), what a 4,096-host
 pod with a model axis of 8 asks.
@@ -22,6 +27,7 @@ pod with a model axis of 8 asks.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import resource
@@ -129,6 +135,54 @@ def profile(port: int, pid: int, script: str, seconds: int) -> list[str]:
             + "; ".join(f"{name} {count / total:.0%}" for name, count in counts.items())]
 
 
+async def _paced(port: int, schedule: list[tuple[float, str]], connections: int) -> list[float]:
+    """Sends each (time, path) at its time over ``connections`` keep-alive connections; a request's
+    latency counts from its scheduled time, so waiting for a free connection is part of it."""
+    queue: asyncio.Queue = asyncio.Queue()
+    latencies: list[float] = []
+    start = time.perf_counter()
+
+    async def connection() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while (item := await queue.get()) is not None:
+            due, path = item
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: pod\r\n\r\n".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise SystemExit(f"{path}: {head[:40]!r}")
+            length = next(int(line[15:]) for line in head.split(b"\r\n") if line[:15].lower() == b"content-length:")
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - start - due)
+        writer.close()
+
+    workers = [asyncio.create_task(connection()) for _ in range(connections)]
+    for due, path in schedule:
+        await asyncio.sleep(max(0.0, due - (time.perf_counter() - start)))
+        queue.put_nowait((due, path))
+    for _ in workers:
+        queue.put_nowait(None)
+    await asyncio.gather(*workers)
+    return latencies
+
+
+def paced_pod(port: int, pid: int, data_shards: int, steps_per_second: float, seconds: float, first: int) -> dict:
+    """A pod training at ``steps_per_second``: each of its hosts asks for its next 16-step window when
+    it starts the last one, hosts spread evenly over a window (not in lockstep), from step ``first``."""
+    hosts = data_shards * MODEL_AXIS
+    window = 16 / steps_per_second
+    schedule = sorted(
+        (w * window + h * window / hosts,
+         f"/shards?host={h // MODEL_AXIS}&step={first + 16 * w}&steps=16&run=pod{data_shards}&encoding=base64")
+        for h in range(hosts) for w in range(int(seconds / window))
+    )
+    before = cpu_seconds(pid)
+    latencies = sorted(asyncio.run(_paced(port, schedule, 64)))
+    cpu = cpu_seconds(pid) - before
+    steps = steps_per_second * seconds
+    return {"requests": len(latencies), "p50": latencies[len(latencies) // 2],
+            "p99": latencies[int(len(latencies) * 0.99)], "cpu_per_step": cpu / steps, "cpu_share": cpu / seconds}
+
+
 def burst(port: int, pid: int, data_shards: int, step: int) -> dict:
     """Every host of a pod asks for the same fresh 16-step window at once (a synchronised restart, and
     what hosts in lockstep do at every window boundary): ``MODEL_AXIS`` hosts per data shard, 64
@@ -219,6 +273,8 @@ def main() -> None:
         for round_ in range(args.rounds):
             for shards in POD_SHARDS:
                 bursts[shards].append(burst(port, server.pid, shards, 900_000_000 + round_ * 1_000_000 + shards * 16))
+        paced = {rate: paced_pod(port, server.pid, POD_SHARDS[-1], rate, 32.0, 800_000_000 + int(rate) * 10_000)
+                 for rate in (1.0, 4.0)}
         server_rss = rss_mb(server.pid)
     finally:
         stop(trivial)
@@ -245,6 +301,12 @@ def main() -> None:
             f"keeps up with {16 / b['cpu']:,.1f} steps/s and at 1 step/s "
             f"{hosts * 16 / b['cpu']:,.0f} hosts; replicas per 10,000 hosts at 1 step/s: "
             f"{max(1, -(-10_000 * b['cpu'] // (hosts * 16))):.0f} (one core each)")
+    for rate, p in paced.items():
+        lines.append(
+            f"pod of {POD_SHARDS[-1] * MODEL_AXIS:,} hosts training at {rate:g} step/s for 32 s, each host asking for its "
+            f"next 16-step window as it starts one, hosts spread over the window: {p['requests']:,} requests, p50 "
+            f"{p['p50'] * 1e3:.1f} ms, p99 {p['p99'] * 1e3:.1f} ms (from the moment each was due), server CPU "
+            f"{p['cpu_per_step'] * 1e3:.0f} ms per training step, {p['cpu_share']:.0%} of a core")
     lines.append(f"server RSS after every run above was served: {server_rss:,.0f} MB")
     best = {mode: max(med[label]["rate"] / ceiling for label, run, _h, m, _s, c in CONFIGS
                        if run is not None and m == mode and c > 1) for mode in ("together", "distinct")}
