@@ -490,7 +490,8 @@ class CachedSplit(_Model):
     num_records: Count
     stats: dict[str, Any] | None = Field(description="stats.{split}.json of the version (seqio's keys).")
     verification: str | None = Field(
-        description="'verified' or 'failed: ...' once this server has served the split; null before."
+        description="'verified' (every byte), 'listing verified' (sizes and offsets sidecars: the server's "
+        "first_use_check is 'listing') or 'failed: ...' once this server has served the split; null before."
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -88,6 +88,15 @@ class Settings(BaseSettings):
         ge=0,
         le=3600,
         description="How long a request waits for a run's first verification before a 503.",
+    )
+    first_use_check: Literal["full", "listing"] = Field(
+        "full",
+        description="How a run's caches are verified on first use: 'full' re-reads every byte; 'listing' "
+        "checks COMPLETED, every file's size and every offsets sidecar, reading no record (for caches "
+        "verified by their build or 'taskdata verify'; trainers verify every record they read).",
+    )
+    verify_workers: int = Field(
+        4, ge=1, le=256, description="Threads that verify shards (full) on first use."
     )
 
     @model_validator(mode="before")

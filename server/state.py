@@ -163,7 +163,9 @@ def build_state(settings: Settings, registry: Registry | None = None) -> ServerS
         for module in settings.modules:
             registry.load_module(module)
     # One spelling of the root everywhere (absolute), so that every message can be made relative to it.
-    resolver = CacheResolver(settings.cache_root)
+    resolver = CacheResolver(
+        settings.cache_root, level=settings.first_use_check, workers=settings.verify_workers
+    )
     store = RunStore(resolver.cache_root, refresh_seconds=settings.run_refresh_seconds)
     configured = _load_runs_file(settings.runs_file) if settings.runs_file else {}
     for name, run in configured.items():

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # each command imports these when it runs (see above)
     from server.settings import Settings
+    from taskdata.cache.verify import Level
     from taskdata.config import Config
     from taskdata.define.registry import Registry
     from taskdata.evaluation import TargetsSource
@@ -135,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="re-read every record of a cache and check it against its manifest")
     p.add_argument("cache", help="a version folder, a task folder (its CURRENT version is verified), or a cache "
                                  "root (every task's CURRENT version is verified, one line per task)")
+    p.add_argument("--level", choices=("full", "listing"), default="full",
+                   help="'full' (default): every byte, every record's CRCs, every shard's sha256; 'listing': "
+                        "COMPLETED, every file's size and every offsets sidecar, reading no record")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="shards verified at once, each by its own thread (default: the number of CPUs)")
     p.set_defaults(run=_cmd_verify)
 
     p = sub.add_parser(
@@ -260,6 +266,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true",
                    help="serve without a bearer token on an address other than loopback (anyone who can connect "
                         "reads every run and may create runs)")
+    p.add_argument(
+        "--first-use-check",
+        choices=("full", "listing"),
+        default=None,
+        help="how a run's caches are verified on first use: 'full' (default) re-reads every byte; 'listing' "
+        "checks COMPLETED, file sizes and offsets sidecars in seconds (for caches that passed 'taskdata verify'; "
+        "trainers still verify every record they read)",
+    )
+    p.add_argument("--verify-workers", type=int, default=None, metavar="N",
+                   help="threads verifying shards on first use (default 4)")
     limits = p.add_argument_group(
         "limits",
         "what a client may send before it is refused (also $TASKDATA_SERVER_MAX_BODY_BYTES, "
@@ -552,21 +568,26 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from taskdata.cache.format import current_version
     from taskdata.cache.verify import verify_version
 
+    if args.workers < 1:
+        raise ValueError(f"--workers must be at least 1 but got {args.workers}.")
     version_dir = args.cache
     if not fs.exists(fs.join(version_dir, "manifest.json")) and not fs.exists(fs.join(version_dir, "COMPLETED")):
         if not fs.exists(fs.join(version_dir, "CURRENT")):
-            return _verify_root(args.cache)
+            return _verify_root(args.cache, args.level, args.workers)
         version_dir = current_version(version_dir)
     checked: list[str] = []
-    problems = verify_version(version_dir, on_shard=checked.append)
+    problems = verify_version(version_dir, on_shard=checked.append, level=args.level, workers=args.workers)
     if problems:
         print(f"FAILED {version_dir}: {problems[0]}")
         return 1
-    print(f"OK {version_dir}: {len(checked)} shards, every record verified")
+    print(f"OK {version_dir}: {len(checked)} shards, {_VERIFIED[args.level]}")
     return 0
 
 
-def _verify_root(root: str) -> int:
+_VERIFIED = {"full": "every record verified", "listing": "listing verified (sizes and offsets sidecars)"}
+
+
+def _verify_root(root: str, level: Level, workers: int) -> int:
     """Every task's CURRENT version under a cache root: one line per task; 1 if any fails."""
     from taskdata.cache.verify import task_folders, verify_current
 
@@ -576,9 +597,9 @@ def _verify_root(root: str) -> int:
                                 "version, nor a cache root holding task folders with CURRENT versions.")
     failed = 0
     for task in tasks:
-        result = verify_current(root, task)
+        result = verify_current(root, task, level=level, workers=workers)
         if result.ok:
-            print(f"OK {result.version_dir}: {result.shards} shards, every record verified")
+            print(f"OK {result.version_dir}: {result.shards} shards, {_VERIFIED[level]}")
         else:
             failed += 1
             print(f"FAILED {result.version_dir or task}: {result.problem}")
@@ -807,6 +828,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "max_header_bytes": args.max_header_bytes,
         "header_timeout_seconds": args.header_timeout,
         "keep_alive_seconds": args.keep_alive_timeout,
+        "first_use_check": args.first_use_check,
+        "verify_workers": args.verify_workers,
     }
     settings = _serve_settings(Settings, {key: value for key, value in given.items() if value is not None})
     _check_token_or_warn(settings, insecure=args.insecure)

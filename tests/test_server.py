@@ -545,6 +545,44 @@ def test_a_cache_failing_verification_or_without_completed_is_never_served(env, 
         assert "Cache of task 'toy_random' is not available: no complete version" in response.json()["detail"]
 
 
+def test_a_listing_first_use_check_refuses_resized_files_and_leaves_flipped_bytes_to_the_reader(
+    env, tmp_path_factory
+):
+    from taskdata.cache.reader import CacheReader
+    from taskdata.cache.tfrecord import CorruptRecordError
+
+    with make_client(env) as full:
+        expected = full.get("/shards", params={"host": 0, "step": 0, "run": "solo"}).content
+    root = copy_caches(tmp_path_factory, "listing")
+    shutil.copy(env.runs_file, root.parent / "runs.json")
+    listing = types.SimpleNamespace(root=root, runs_file=root.parent / "runs.json")
+    version = current_dir(root, "toy_det")
+    read = reads_of(json.loads(expected)["steps"][0]["tasks"][0])[0]
+    shard = version / read["uri"].rsplit("/", 1)[-1]
+    original = shard.read_bytes()
+    shard.write_bytes(original + b"x")
+    with make_client(listing, first_use_check="listing") as client:
+        response = client.get("/shards", params={"host": 0, "step": 0, "run": "solo"})
+        assert response.status_code == 503
+        assert f"{shard.name} has {len(original) + 1} bytes but the manifest says {len(original)}" in (
+            response.json()["detail"]
+        )
+    # A flipped byte keeps every size: the listing check serves the same answer a full check does, and
+    # the reader a trainer uses refuses the damaged record, naming it.
+    offset = read["byte_offset"] + 13
+    shard.write_bytes(original[:offset] + bytes([original[offset] ^ 1]) + original[offset + 1 :])
+    with make_client(listing, first_use_check="listing", verify_workers=2) as client:
+        response = client.get("/shards", params={"host": 0, "step": 0, "run": "solo"})
+        assert response.status_code == 200 and response.content == expected.replace(
+            str(env.root).encode(), str(root).encode()
+        )
+        detail = client.get("/tasks/toy_det").json()["versions"][0]["splits"]["train"]["verification"]
+        assert detail == "listing verified"
+    with CacheReader(str(version)) as reader, pytest.raises(CorruptRecordError) as error:
+        reader.read("train", read["shard"], read["first_record"], read["count"])
+    assert (error.value.record_index, error.value.byte_offset) == (read["first_record"], read["byte_offset"])
+
+
 def test_a_first_use_that_outlasts_its_wait_is_a_503_to_retry_while_verification_goes_on(env):
     with make_client(env, first_use_wait_seconds=0) as client:
         response = client.get("/shards", params={"host": 0, "step": 0})

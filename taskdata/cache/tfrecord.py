@@ -44,6 +44,7 @@ __all__ = [
     "read_offsets",
     "read_record_index",
     "truncation_reason",
+    "trusted_offsets",
     "write_offsets",
 ]
 
@@ -293,8 +294,10 @@ def check_frames(
         # The length fields' CRCs all at once (8 table lookups per record, vectorized); the data CRCs
         # one C call per record, whose Python loop is the cost.
         length_crcs = _crc32c_rows(headers[:, :8])
+        # Slices of bytes cost less than numpy views (~0.5 us a record); other buffers go through numpy.
+        source = buffer if isinstance(buffer, bytes) else raw
         data_crcs = np.array(
-            [_crc32c(raw[s:e]) for s, e in zip(data_starts.tolist(), data_ends.tolist(), strict=True)],
+            [_crc32c(source[s:e]) for s, e in zip(data_starts.tolist(), data_ends.tolist(), strict=True)],
             dtype=np.uint32,
         )
         bad = np.flatnonzero(_mask_array(length_crcs) != headers[:, 8:12].copy().view("<u4").ravel())
@@ -385,6 +388,20 @@ def write_offsets(offsets: Sequence[int] | np.ndarray, file_length: int, crcs: S
 def read_offsets(data: bytes, path: str) -> np.ndarray:
     """The ``count + 1`` int64 offsets of a sidecar (the last: file length); see ``read_record_index``."""
     return read_record_index(data, path).offsets
+
+
+def trusted_offsets(data: bytes, path: str) -> np.ndarray:
+    """The offsets of a sidecar whose bytes are already proven to be the build's (their sha256 is the one
+    in a manifest that ``COMPLETED`` commits): header and size checked, the table viewed in place
+    (int64, read-only). ~20x cheaper than ``read_record_index``, which validates everything: what a
+    65,536-shard cache's first use needs."""
+    if len(data) < _OFFSETS_HEADER.size or data[:8] != _OFFSETS_MAGIC:
+        raise ValueError(f"Offsets sidecar {path} is not a taskdata offsets file (bad magic or too short).")
+    _, version, _, count = _OFFSETS_HEADER.unpack_from(data)
+    if version != _OFFSETS_VERSION or len(data) != _OFFSETS_HEADER.size + 12 * count + 8:
+        raise ValueError(f"Offsets sidecar {path} has version {version} and {len(data)} bytes for {count} records; "
+                         f"this taskdata reads version {_OFFSETS_VERSION}.")
+    return np.frombuffer(data, dtype="<i8", offset=_OFFSETS_HEADER.size, count=count + 1)
 
 
 def read_record_index(data: bytes, path: str) -> RecordIndex:

@@ -1,7 +1,8 @@
 """``CacheResolver`` turns (task, cache fingerprint, split) back into the version folder whose manifest
 hash matches (whatever ``CURRENT`` says now: a rebuild never moves a running job to other data). It
-verifies that version's split once, on first use, and keeps its manifest and every shard's record
-offsets in memory (8 bytes per record); a verification failure is remembered too.
+verifies that version's split once, on first use, at its ``level`` (``full`` re-reads every byte;
+``listing`` checks sizes and sidecars, reading no record: see ``taskdata.cache.verify``), and keeps its
+manifest and every shard's record offsets in memory (8 bytes per record); a failure is remembered too.
 
 Its errors name files relative to the cache root (``toy_det/v.../manifest.json``): the server answers
 with them, and an answer never shows the server's own file system.
@@ -14,6 +15,7 @@ import itertools
 import os
 import threading
 from collections.abc import Sequence
+from typing import get_args
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from taskdata.cache.format import (
     load_manifest,
     task_dir,
 )
+from taskdata.cache.verify import Level
 from taskdata.runs.store import CacheUnavailableError, StoredRun
 
 __all__ = ["CacheResolver", "ResolvedCache"]
@@ -93,7 +96,11 @@ class ResolvedCache:
 class CacheResolver:
     """(task, cache fingerprint, split) -> a verified ``ResolvedCache``, each resolved once per process."""
 
-    def __init__(self, cache_root: str):
+    def __init__(self, cache_root: str, *, level: Level = "full", workers: int = 1):
+        if level not in get_args(Level):
+            raise ValueError(f"Verification level must be one of {get_args(Level)} but got {level!r}.")
+        self.level = level
+        self.workers = workers
         self.cache_root = cache_root if fs.is_remote(cache_root) else os.path.abspath(cache_root)
         self._root = self.cache_root.rstrip("/")
         self._resolved: dict[tuple[str, str, str], ResolvedCache] = {}
@@ -123,10 +130,11 @@ class CacheResolver:
         )
 
     def verification(self, task: str, fingerprint: str, split: str) -> str | None:
-        """'verified', 'failed: <reason>' or None (not checked yet by this process)."""
+        """'verified' (every byte), 'listing verified' (sizes and sidecars; records are verified as they are
+        read), 'failed: <reason>' or None (not checked yet by this process)."""
         key = (task, fingerprint, split)
         if key in self._resolved:
-            return "verified"
+            return "verified" if self.level == "full" else "listing verified"
         failed = self._failed.get(key)
         return None if failed is None else f"failed: {failed.reason}"
 
@@ -185,8 +193,7 @@ class CacheResolver:
         )
 
     def _load_verified(self, task: str, fingerprint: str, split: str, version_dir: str) -> ResolvedCache:
-        from taskdata.cache.tfrecord import read_offsets
-        from taskdata.cache.verify import verify_shards
+        from taskdata.cache.verify import check_split
 
         try:
             manifest = load_manifest(version_dir)
@@ -197,22 +204,17 @@ class CacheResolver:
         if split not in manifest.splits:
             raise self._unavailable(task, f"{version_dir} has no split {split!r}; it has {sorted(manifest.splits)}.")
         # Only the split the run reads is verified: that is every byte it can serve.
-        one_split = dataclasses.replace(manifest, splits={split: manifest.splits[split]})
-        problems = verify_shards(version_dir, one_split)
-        if problems:
+        try:
+            check = check_split(version_dir, split, manifest.splits[split], level=self.level, workers=self.workers)
+        except OSError as error:
+            raise self._unavailable(task, f"verification of {version_dir} could not read it: {error}") from None
+        if not check.ok:
             raise self._unavailable(
                 task,
-                f"verification of {version_dir} failed: {problems[0]}. Run 'taskdata verify' on it and "
+                f"verification of {version_dir} failed: {check.problems[0]}. Run 'taskdata verify' on it and "
                 "rebuild the cache; this server will not serve it until restarted.",
             )
         entries = manifest.split(split).shards
-        offsets = []
-        for entry in entries:
-            path = fs.join(version_dir, entry.offsets_file)
-            try:
-                offsets.append(read_offsets(fs.read_bytes(path), path))
-            except (OSError, ValueError) as error:
-                raise self._unavailable(task, f"offsets sidecar {path}: {error}") from None
         return ResolvedCache(
             task=task,
             fingerprint=fingerprint,
@@ -220,8 +222,8 @@ class CacheResolver:
             version=version_dir.rstrip("/").rsplit("/", 1)[-1],
             version_dir=version_dir,
             manifest=manifest,
-            shard_uris=tuple(fs.join(version_dir, entry.file) for entry in entries),
-            offsets=tuple(offsets),
+            shard_uris=tuple(f"{version_dir.rstrip('/')}/{entry.file}" for entry in entries),
+            offsets=check.offsets,
         )
 
 

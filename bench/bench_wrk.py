@@ -1,0 +1,326 @@
+"""/shards throughput with ``wrk`` (C, one thread, so the load generator is not the bottleneck), next to
+a trivial FastAPI endpoint in the same run, and the server CPU per request that sizes a pod's replicas.
+
+Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--write]
+     PYTHONPATH=. python bench/bench_wrk.py --profile   (where the server's time goes: py-spy, r64 together)
+
+Servers are bench_server.py's: ``taskdata serve`` (uvicorn, httptools, one worker, no access log; here
+with ``--first-use-check listing``) over its synthetic caches, and its one-route FastAPI app. Every
+configuration runs in turn within a round (interleaved), each with fresh steps so that the server's
+answer cache never holds them; figures are medians over rounds. Request shapes (wrk's Lua, one
+counter per wrk thread):
+
+- together: the hosts (data shards) of a step window arrive one after another, then the next window;
+- distinct: every request is for a new step window, so every one computes a step's whole global batch;
+- ``steps=S``: the lookahead window a trainer asks for per request (the client's default is 16).
+
+Then pods on one machine (loopback, 64 connections, model axis 8: 8 hosts per data shard ask the same
+question): every host of a 256-, 1,024- and 4,096-host pod asking for one fresh 16-step window at once
+(a synchronised restart, and hosts in lockstep at every window), and the 4,096-host pod training at 1 and
+4 steps/s for 32 s with hosts spread over the window (latency counted from when each request was due).
+
+Runs: bench_server.py's r64 and r65536 (3-task mixture, global batch 2048, 8 data shards), and pod512:
+the 65,536-shard caches with 512 data shards (4 examples per data shard per step), what a 4,096-host
+pod with a model axis of 8 asks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._report import write_section
+from bench.bench_server import GLOBAL_BATCH, OUT, RATES, free_port, make_runs, start, stop
+
+WRK = "/usr/bin/wrk"
+LUA = r"""
+local counter = 0
+local mode, run, hosts = os.getenv("MODE"), os.getenv("RUN"), tonumber(os.getenv("HOSTS"))
+local steps, base = tonumber(os.getenv("STEPS")), tonumber(os.getenv("BASE"))
+request = function()
+  local path
+  if mode == "trivial" then
+    path = "/trivial"
+  else
+    local window = counter
+    if mode == "together" then window = math.floor(counter / hosts) end
+    path = string.format("/shards?host=%d&step=%d&steps=%d&run=%s&encoding=base64", counter % hosts,
+                         base + window * steps, steps, run)
+  end
+  counter = counter + 1
+  return wrk.format("GET", path)
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('{"requests": %d, "duration_us": %d, "bytes": %d, "p50_us": %d, "p99_us": %d, ' ..
+    '"errors": %d, "non2xx": %d}\n', summary.requests, summary.duration, summary.bytes, latency:percentile(50),
+    latency:percentile(99), e.connect + e.read + e.write + e.timeout, e.status))
+end
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def wrk(script: str, port: int, pid: int, connections: int, seconds: int, **env: str | int) -> dict:
+    before_server = cpu_seconds(pid)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(
+        [WRK, "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s", script, f"http://127.0.0.1:{port}"],
+        capture_output=True, text=True, timeout=seconds + 60, env={**os.environ, **{k: str(v) for k, v in env.items()}},
+        check=True,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if result["errors"] or result["non2xx"]:
+        raise SystemExit(f"wrk {env}: {result['errors']} socket errors, {result['non2xx']} non-2xx answers")
+    seconds_taken = result["duration_us"] / 1e6
+    result.update(
+        rate=result["requests"] / seconds_taken,
+        server_cpu_us=(cpu_seconds(pid) - before_server) / result["requests"] * 1e6,
+        wrk_cpu=((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) / seconds_taken,
+    )
+    return result
+
+
+# Where a /shards request's time goes: a frame of py-spy's stacks -> its bucket (first match wins).
+BUCKETS = [
+    ("writing the answer to the socket (uvicorn send)", "RequestResponseCycle.send (uvicorn"),
+    ("index math: the step's slices for every host", "step_slices (taskdata/index/host_reads.py"),
+    ("the host's answer JSON (read columns, base64, files)", "step_json (server/assignments.py"),
+    ("route and dependencies (FastAPI, Starlette)", "get_request_handler.<locals>.app (fastapi"),
+    ("middleware (metrics, auth, body limit, errors) and routing", "FastAPI.__call__ (fastapi"),
+    ("HTTP parsing (httptools) and the event loop", ""),
+]
+
+
+def profile(port: int, pid: int, script: str, seconds: int) -> list[str]:
+    """py-spy samples the server while wrk sends r64 requests, hosts of a step together."""
+    raw = Path(script).with_name("pyspy.txt")
+    spy = subprocess.Popen(["py-spy", "record", "-d", str(seconds + 1), "-r", "200", "-p", str(pid), "-f", "raw",
+                            "-o", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    result = wrk(script, port, pid, 16, seconds, MODE="together", RUN="r64", HOSTS=8, STEPS=1, BASE=77_000_000)
+    spy.wait(timeout=120)
+    counts = dict.fromkeys((name for name, _ in BUCKETS), 0)
+    for line in raw.read_text().splitlines():
+        stack, _, samples = line.rpartition(" ")
+        frames = stack.split(";")
+        # The first bucket with a frame on the stack wins: they are listed innermost first.
+        name = next((name for name, marker in BUCKETS for frame in reversed(frames) if marker and marker in frame),
+                    BUCKETS[-1][0])
+        counts[name] += int(samples)
+    total = sum(counts.values())
+    return [f"where the server's time goes (py-spy, 200 samples/s, r64 together, {result['rate']:,.0f} req/s, "
+            f"{result['server_cpu_us']:,.0f} us/request): "
+            + "; ".join(f"{name} {count / total:.0%}" for name, count in counts.items())]
+
+
+async def _paced(port: int, schedule: list[tuple[float, str]], connections: int) -> list[float]:
+    """Sends each (time, path) at its time over ``connections`` keep-alive connections; a request's
+    latency counts from its scheduled time, so waiting for a free connection is part of it."""
+    queue: asyncio.Queue = asyncio.Queue()
+    latencies: list[float] = []
+    start = time.perf_counter()
+
+    async def connection() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while (item := await queue.get()) is not None:
+            due, path = item
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: pod\r\n\r\n".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise SystemExit(f"{path}: {head[:40]!r}")
+            length = next(int(line[15:]) for line in head.split(b"\r\n") if line[:15].lower() == b"content-length:")
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - start - due)
+        writer.close()
+
+    workers = [asyncio.create_task(connection()) for _ in range(connections)]
+    for due, path in schedule:
+        await asyncio.sleep(max(0.0, due - (time.perf_counter() - start)))
+        queue.put_nowait((due, path))
+    for _ in workers:
+        queue.put_nowait(None)
+    await asyncio.gather(*workers)
+    return latencies
+
+
+def paced_pod(port: int, pid: int, data_shards: int, steps_per_second: float, seconds: float, first: int) -> dict:
+    """A pod training at ``steps_per_second``: each of its hosts asks for its next 16-step window when
+    it starts the last one, hosts spread evenly over a window (not in lockstep), from step ``first``."""
+    hosts = data_shards * MODEL_AXIS
+    window = 16 / steps_per_second
+    schedule = sorted(
+        (w * window + h * window / hosts,
+         f"/shards?host={h // MODEL_AXIS}&step={first + 16 * w}&steps=16&run=pod{data_shards}&encoding=base64")
+        for h in range(hosts) for w in range(int(seconds / window))
+    )
+    before = cpu_seconds(pid)
+    latencies = sorted(asyncio.run(_paced(port, schedule, 64)))
+    cpu = cpu_seconds(pid) - before
+    steps = steps_per_second * seconds
+    return {"requests": len(latencies), "p50": latencies[len(latencies) // 2],
+            "p99": latencies[int(len(latencies) * 0.99)], "cpu_per_step": cpu / steps, "cpu_share": cpu / seconds}
+
+
+def burst(port: int, pid: int, data_shards: int, step: int) -> dict:
+    """Every host of a pod asks for the same fresh 16-step window at once (a synchronised restart, and
+    what hosts in lockstep do at every window boundary): ``MODEL_AXIS`` hosts per data shard, 64
+    connections of bench_server.py's raw-socket client."""
+    from bench.bench_server import load as raw_load
+
+    paths = [f"/shards?host={h // MODEL_AXIS}&step={step}&steps=16&run=pod{data_shards}&encoding=base64"
+             for h in range(data_shards * MODEL_AXIS)]
+    before = cpu_seconds(pid)
+    result = raw_load(port, paths, 64)
+    assert set(result["statuses"]) == {"200"}, result["statuses"]
+    ordered = sorted(result["latencies"])
+    return {"seconds": result["seconds"], "cpu": cpu_seconds(pid) - before, "p50": ordered[len(ordered) // 2],
+            "p99": ordered[int(len(ordered) * 0.99)], "bytes": result["mean_bytes"]}
+
+
+def pod_run(root: Path, data_shards: int) -> dict:
+    from taskdata.cache.format import load_manifest
+    from taskdata.index import BatchSchedule, RunPlan, TaskCache
+    from taskdata.runs import StoredRun, cache_fingerprint
+
+    caches = {}
+    for task in RATES:
+        version = root / task / "v20260101T000000Z-bench65536"
+        caches[task] = TaskCache(cache_fingerprint(str(version)), load_manifest(str(version)).split("train").record_counts)
+    plan = RunPlan(name=f"pod{data_shards}", mixture="bench_mix", caches=caches, rates=RATES, seed=1234,
+                   schedule=BatchSchedule.constant(GLOBAL_BATCH), num_data_shards=data_shards)
+    return StoredRun(plan).to_dict()
+
+
+MODEL_AXIS = 8
+POD_SHARDS = (32, 128, 512)  # 256, 1,024 and 4,096 hosts with a model axis of 8
+CONFIGS = [
+    # (label, run, data shards, mode, steps, connections)
+    ("trivial endpoint", None, 8, "trivial", 1, 16),
+    ("r64, together, steps=1", "r64", 8, "together", 1, 16),
+    ("r64, distinct, steps=1", "r64", 8, "distinct", 1, 16),
+    ("r65536, together, steps=1", "r65536", 8, "together", 1, 16),
+    ("r65536, distinct, steps=1", "r65536", 8, "distinct", 1, 16),
+    ("pod512, together, steps=16", "pod512", 512, "together", 16, 16),
+    ("pod512, distinct, steps=16", "pod512", 512, "distinct", 16, 16),
+    ("r64, together, steps=1, 1 connection", "r64", 8, "together", 1, 1),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--write", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="only where the server's time goes (needs py-spy)")
+    args = parser.parse_args()
+    root = OUT
+    runs = [*make_runs(root), *(pod_run(root, shards) for shards in POD_SHARDS)]
+    work = Path(tempfile.mkdtemp(prefix="bench-wrk-"))
+    (work / "runs.json").write_text(json.dumps(runs))
+    script = work / "shards.lua"
+    script.write_text(LUA)
+    port, trivial_port = free_port(), free_port()
+    server = start([sys.executable, "-m", "taskdata", "serve", "--cache-root", str(root), "--runs-file",
+                    str(work / "runs.json"), "--port", str(port), "--no-access-log", "--first-use-check", "listing"],
+                   port, work / "server.log")
+    trivial = start([sys.executable, str(Path(__file__).with_name("bench_server.py")), "--serve-trivial",
+                     str(trivial_port)], trivial_port, work / "trivial.log")
+    loads = [f"{os.getloadavg()[0]:.1f}"]
+    try:
+        for run in ("r64", "r65536", *(f"pod{n}" for n in POD_SHARDS)):  # first use (listing) before anything is timed
+            started = time.monotonic()
+            while subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                                  f"http://127.0.0.1:{port}/shards?host=0&step=0&run={run}"],
+                                 capture_output=True, text=True).stdout != "200":
+                if time.monotonic() - started > 600:
+                    raise SystemExit(f"run {run} not ready after 600 s")
+                time.sleep(0.5)
+        if args.profile:
+            print("\n".join(profile(port, server.pid, str(script), args.seconds)))
+            return
+        results: dict[str, list[dict]] = {label: [] for label, *_ in CONFIGS}
+        for round_ in range(args.rounds):
+            for i, (label, run, hosts, mode, steps, connections) in enumerate(CONFIGS):
+                target, pid = (trivial_port, trivial.pid) if run is None else (port, server.pid)
+                base = 10_000 + (round_ * len(CONFIGS) + i) * 10_000_000  # fresh steps every time
+                results[label].append(wrk(str(script), target, pid, connections, args.seconds, MODE=mode,
+                                          RUN=run or "", HOSTS=hosts, STEPS=steps, BASE=base))
+                print(label, {k: round(v, 1) for k, v in results[label][-1].items()}, flush=True)
+            loads.append(f"{os.getloadavg()[0]:.1f}")
+        bursts = {shards: [] for shards in POD_SHARDS}
+        for round_ in range(args.rounds):
+            for shards in POD_SHARDS:
+                bursts[shards].append(burst(port, server.pid, shards, 900_000_000 + round_ * 1_000_000 + shards * 16))
+        paced = {rate: paced_pod(port, server.pid, POD_SHARDS[-1], rate, 32.0, 800_000_000 + int(rate) * 10_000)
+                 for rate in (1.0, 4.0)}
+        server_rss = rss_mb(server.pid)
+    finally:
+        stop(trivial)
+        stop(server)
+    med = {label: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for label, rs in results.items()}
+    ceiling = med["trivial endpoint"]["rate"]
+    lines = []
+    for label, run, _hosts, _mode, _steps, connections in CONFIGS:
+        m = med[label]
+        ratio = "" if run is None else f" = {m['rate'] / ceiling:.0%} of the trivial endpoint"
+        lines.append(
+            f"{label} ({connections} connection{'s' if connections > 1 else ''}): {m['rate']:,.0f} req/s{ratio}, "
+            f"p50 {m['p50_us'] / 1e3:.2f} ms, p99 {m['p99_us'] / 1e3:.2f} ms, {m['bytes'] / m['requests']:,.0f} "
+            f"bytes/answer, server CPU {m['server_cpu_us']:,.0f} us/request, wrk {m['wrk_cpu']:.0%} of a core"
+        )
+    for shards in POD_SHARDS:
+        b = {key: statistics.median(r[key] for r in bursts[shards]) for key in bursts[shards][0]}
+        hosts = shards * MODEL_AXIS
+        lines.append(
+            f"pod of {hosts:,} hosts ({shards} data shards x model axis {MODEL_AXIS}), all asking for the same new "
+            f"16-step window at once (64 connections): every host answered in {b['seconds']:.2f} s, p50 "
+            f"{b['p50'] * 1e3:.1f} ms, p99 {b['p99'] * 1e3:.1f} ms, {b['bytes']:,.0f} bytes/answer; server CPU "
+            f"{b['cpu']:.2f} s per window = {b['cpu'] / 16 * 1e3:.0f} ms per training step, so one replica (one core) "
+            f"keeps up with {16 / b['cpu']:,.1f} steps/s and at 1 step/s "
+            f"{hosts * 16 / b['cpu']:,.0f} hosts; replicas per 10,000 hosts at 1 step/s: "
+            f"{max(1, -(-10_000 * b['cpu'] // (hosts * 16))):.0f} (one core each)")
+    for rate, p in paced.items():
+        lines.append(
+            f"pod of {POD_SHARDS[-1] * MODEL_AXIS:,} hosts training at {rate:g} step/s for 32 s, each host asking for its "
+            f"next 16-step window as it starts one, hosts spread over the window: {p['requests']:,} requests, p50 "
+            f"{p['p50'] * 1e3:.1f} ms, p99 {p['p99'] * 1e3:.1f} ms (from the moment each was due), server CPU "
+            f"{p['cpu_per_step'] * 1e3:.0f} ms per training step, {p['cpu_share']:.0%} of a core")
+    lines.append(f"server RSS after every run above was served: {server_rss:,.0f} MB")
+    best = {mode: max(med[label]["rate"] / ceiling for label, run, _h, m, _s, c in CONFIGS
+                       if run is not None and m == mode and c > 1) for mode in ("together", "distinct")}
+    p99 = med["r64, together, steps=1, 1 connection"]["p99_us"] / 1e3
+    verdicts = [f"together >= 60% of the trivial endpoint: best {best['together']:.0%} "
+                f"({'met' if best['together'] >= 0.6 else 'NOT met'})",
+                f"distinct >= 30%: best {best['distinct']:.0%} ({'met' if best['distinct'] >= 0.3 else 'NOT met'})",
+                f"p99 <= 3 ms at 1 connection: {p99:.2f} ms ({'met' if p99 <= 3 else 'NOT met'}; a quiet machine is asked)"]
+    lines.append(f"targets: {'; '.join(verdicts)}; medians of {args.rounds} interleaved rounds of {args.seconds} s; "
+                 f"load {', '.join(loads)}")
+    print("\n".join(lines))
+    if args.write:
+        write_section("Server with wrk", lines)
+
+
+if __name__ == "__main__":
+    main()
