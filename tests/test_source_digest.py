@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import fsspec
 import google_crc32c
@@ -15,6 +15,7 @@ import pytest
 
 from taskdata.sources import TextLineSource, digest
 from taskdata.sources.digest import file_digest, remember_digests_in
+from tests.gcs_emulator import gcs_emulator
 
 
 @pytest.fixture(autouse=True)
@@ -95,32 +96,7 @@ def test_a_same_size_edit_changes_a_text_source_fingerprint(tmp_path):
 
 def test_a_file_on_gcs_and_its_local_copy_have_the_same_digest(tmp_path):
     # A cache built from gs:// and one built from a local copy of the same files must be the same cache.
-    import shutil
-    import signal
-    import socket
-    import subprocess
-    import urllib.request
-
-    binary = shutil.which("gcp-storage-emulator", path=os.pathsep.join([os.path.dirname(sys.executable),
-                                                                        os.environ.get("PATH", "")]))
-    if binary is None:
-        pytest.skip("gcp-storage-emulator is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    emulator = subprocess.Popen([binary, "start", "--host", "127.0.0.1", "--port", str(port), "--default-bucket",
-                                 "digests", "--in-memory"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/storage/v1/b/digests", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline or emulator.poll() is not None:
-                    raise
-                time.sleep(0.2)
+    with gcs_emulator("digests") as env:
         local = tmp_path / "c4-train.00000-of-00001.json.gz"
         local.write_bytes(os.urandom(100_000))
         code = (
@@ -130,11 +106,6 @@ def test_a_file_on_gcs_and_its_local_copy_have_the_same_digest(tmp_path):
             f"GCSFileSystem().put_file({str(local)!r}, 'digests/c4/x.json.gz')\n"
             "print(file_digest('gs://digests/c4/x.json.gz'))\n"
         )
-        env = dict(os.environ, STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{port}", GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
-                   PYTHONPATH=str(Path(__file__).resolve().parent.parent))
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.strip() == file_digest(str(local)) == _crc32c(local.read_bytes())
-    finally:
-        os.killpg(emulator.pid, signal.SIGTERM)
-        emulator.wait(timeout=30)

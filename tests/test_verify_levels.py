@@ -3,14 +3,9 @@ reader) finds, the same first problem for any worker count, and both levels on a
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,6 +15,7 @@ from taskdata.cache.reader import CacheReader
 from taskdata.cache.tfrecord import CorruptRecordError, read_offsets
 from taskdata.cache.verify import check_split, verify_version
 from taskdata.cli import main
+from tests.gcs_emulator import gcs_emulator
 from tests.test_cache_job import build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,31 +121,8 @@ def test_bad_levels_and_worker_counts_are_refused(cache, capsys):
 
 @pytest.fixture(scope="module")
 def emulator():
-    binary = shutil.which("gcp-storage-emulator", path=os.pathsep.join([os.path.dirname(sys.executable),
-                                                                        os.environ.get("PATH", "")]))
-    if binary is None:
-        pytest.skip("gcp-storage-emulator is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    process = subprocess.Popen([binary, "start", "--host", "127.0.0.1", "--port", str(port), "--default-bucket",
-                                "caches", "--in-memory"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/storage/v1/b/caches", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise
-                time.sleep(0.2)
-        yield dict(os.environ, STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{port}",
-                   GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false", PYTHONPATH=str(REPO))
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
+    with gcs_emulator("caches") as env:
+        yield env
 
 
 def _on_gcs(env: dict, code: str) -> subprocess.CompletedProcess:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from taskdata.index.errors import PlanError
-from taskdata.index.permutation import EpochPermutation, permute_many
+from taskdata.index.permutation import EpochPermutation, check_many, permute_many
 from taskdata.seeding import check_seed, derive_seed
 
 __all__ = ["BlockPermutation", "block_permute_many"]
@@ -120,20 +120,9 @@ def block_permute_many(
     The blocks of all permutations go through one ``permute_many`` call; sizes must stay below 2**62
     (call the permutation itself beyond that: it is exact for any size).
     """
-    which = np.asarray(which, dtype=np.int64)
-    indices = np.asarray(indices, dtype=np.int64)
-    if which.shape != indices.shape or which.ndim != 1:
-        raise PlanError(
-            f"block_permute_many needs two 1-D arrays of one length but got shapes {which.shape} and "
-            f"{indices.shape}."
-        )
+    which, indices = check_many("block_permute_many", len(permutations), which, indices)
     if not indices.size:
         return np.empty(0, np.int64)
-    if which.min() < 0 or which.max() >= len(permutations):
-        raise PlanError(
-            f"block_permute_many: every entry of which must be in [0, {len(permutations)}) (one per "
-            f"permutation) but got values from {which.min()} to {which.max()}."
-        )
     largest = max(p.size for p in permutations)
     if largest >= 2**62:
         pairs = zip(which.tolist(), indices.tolist(), strict=True)

@@ -20,7 +20,13 @@ from typing import Any, Literal
 
 from taskdata.index.block_order import BlockPermutation
 from taskdata.index.errors import PlanError
-from taskdata.index.permutation import EpochPermutation, _epoch_permutation, epoch_and_index, task_position_of
+from taskdata.index.permutation import (
+    EpochPermutation,
+    _epoch_permutation,
+    check_epoch_and_index,
+    epoch_and_index,
+    task_position_of,
+)
 
 __all__ = [
     "FEISTEL",
@@ -101,10 +107,7 @@ def task_position_in(order: EpochOrder, seed: int, task: str, num_records: int, 
     """The inverse of ``epoch_and_index_in``: where in ``task``'s stream (epoch, index) is read."""
     if order.kind == "feistel":
         return task_position_of(seed, task, num_records, epoch, index)
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise PlanError(f"An epoch must be an integer >= 0 but got {epoch!r}.")
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < num_records:
-        raise PlanError(f"Record index must be an integer in [0, {num_records}) but got {index!r}.")
+    check_epoch_and_index(epoch, index, num_records)
     if epoch == 0:
         return index
     return epoch * num_records + epoch_permutation(order, seed, task, epoch, num_records).inverse(index)

@@ -160,19 +160,9 @@ def permute_many(
     One pass encrypts every index; each further pass re-encrypts only the values still outside their
     permutation's range (cycle walking), until few are left to finish one at a time.
     """
-    which = np.asarray(which, dtype=np.int64)
-    indices = np.asarray(indices, dtype=np.int64)
-    if which.shape != indices.shape or which.ndim != 1:
-        raise PlanError(
-            f"permute_many needs two 1-D arrays of one length but got shapes {which.shape} and {indices.shape}."
-        )
+    which, indices = check_many("permute_many", len(permutations), which, indices)
     if not indices.size:
         return np.empty(0, np.int64)
-    if which.min() < 0 or which.max() >= len(permutations):
-        raise PlanError(
-            f"permute_many: every entry of which must be in [0, {len(permutations)}) (one per permutation) "
-            f"but got values from {which.min()} to {which.max()}."
-        )
     largest = max(p.size for p in permutations)
     if largest > 2**63:
         raise PlanError(
@@ -198,6 +188,31 @@ def permute_many(
     for j in walking.tolist():
         values[j] = permutations[which[j]]._walk(int(values[j]))
     return values.astype(np.int64)
+
+
+def check_many(what: str, count: int, which: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``which`` and ``indices`` as int64 arrays, checked for ``what`` (a vectorised lookup over ``count``
+    permutations): two 1-D arrays of one length, every entry of ``which`` naming one of the permutations."""
+    which_array = np.asarray(which, dtype=np.int64)
+    index_array = np.asarray(indices, dtype=np.int64)
+    if which_array.shape != index_array.shape or which_array.ndim != 1:
+        raise PlanError(
+            f"{what} needs two 1-D arrays of one length but got shapes {which_array.shape} and {index_array.shape}."
+        )
+    if which_array.size and (which_array.min() < 0 or which_array.max() >= count):
+        raise PlanError(
+            f"{what}: every entry of which must be in [0, {count}) (one per permutation) but got values from "
+            f"{which_array.min()} to {which_array.max()}."
+        )
+    return which_array, index_array
+
+
+def check_epoch_and_index(epoch: int, index: int, num_records: int) -> None:
+    """An epoch >= 0 and a record index in [0, num_records), the arguments of a position's inverse."""
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise PlanError(f"An epoch must be an integer >= 0 but got {epoch!r}.")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < num_records:
+        raise PlanError(f"Record index must be an integer in [0, {num_records}) but got {index!r}.")
 
 
 def _encrypt_many(values: np.ndarray, params: np.ndarray) -> np.ndarray:
@@ -245,10 +260,7 @@ def epoch_and_index(seed: int, task: str, num_records: int, task_position: int) 
 
 def task_position_of(seed: int, task: str, num_records: int, epoch: int, index: int) -> int:
     """The inverse of ``epoch_and_index``: where in ``task``'s stream (epoch, index) is read."""
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise PlanError(f"An epoch must be an integer >= 0 but got {epoch!r}.")
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < num_records:
-        raise PlanError(f"Record index must be an integer in [0, {num_records}) but got {index!r}.")
+    check_epoch_and_index(epoch, index, num_records)
     if epoch == 0:
         return index
     return epoch * num_records + _epoch_permutation(seed, task, epoch, num_records).inverse(index)
