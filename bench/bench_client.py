@@ -321,6 +321,7 @@ def run_ecosystem(args) -> list[str]:
     configs = [(mode, step_ms, adapter) for mode, step_ms in (("pipeline", 0.0), ("accelerator", target_ms))
                for adapter in ADAPTERS if not (adapter == "orbax" and mode == "pipeline")]  # fmt: skip
     verdicts = []
+    load_before = os.getloadavg()[0]
     for hosts in [int(h) for h in args.hosts.split(",")]:
         rounds: dict[tuple[str, str], list[list[dict]]] = {(m, a): [] for m, _, a in configs}
         for _ in range(args.repeats):
@@ -365,6 +366,8 @@ def run_ecosystem(args) -> list[str]:
         "pipeline-alone rows measure capacity, which the other jobs on this shared 2-core machine make vary from "
         "round to round (see the ranges)"
     )
+    lines.append(f"machine load (1-minute average, 2 cores shared with other work): {load_before:.1f} before, "
+                 f"{os.getloadavg()[0]:.1f} after")  # fmt: skip
     return lines
 
 
