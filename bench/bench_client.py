@@ -353,11 +353,14 @@ def run_ecosystem(args) -> list[str]:
                 ratio = min(median(mode, adapter, h, "examples_s")[0] / median(mode, "plain", h, "examples_s")[0]
                             for h in range(hosts))  # fmt: skip
                 verdicts.append((f"{adapter}, {what}, {hosts} host{'s' if hosts > 1 else ''}", ratio))
-    met = all(ratio >= 0.9 for _, ratio in verdicts)
+    # The target is for training (the accelerator model); pipeline alone is capacity, reported beside it.
+    trained = all(ratio >= 0.9 for what, ratio in verdicts if "accelerator" in what)
+    capacity = all(ratio >= 0.9 for what, ratio in verdicts if "pipeline" in what)
     lines.append(
         "median examples/s relative to the plain iterator's, same model and hosts (the lower host): "
         + "; ".join(f"{what} {ratio * 100:.0f}%" for what, ratio in verdicts)
-        + f". Target (within 10% of the plain iterator) {'met' if met else 'NOT met'}"
+        + f". Target (within 10% of the plain iterator, accelerator model) {'met' if trained else 'NOT met'}; "
+        f"pipeline alone (capacity) {'also within 10%' if capacity else 'NOT within 10% for every adapter'}"
     )
     lines.append(
         "waiting = time in next() of what the train loop iterates / wall time (orbax: save() runs in the step, "
