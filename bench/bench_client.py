@@ -321,6 +321,7 @@ def run_ecosystem(args) -> list[str]:
     configs = [(mode, step_ms, adapter) for mode, step_ms in (("pipeline", 0.0), ("accelerator", target_ms))
                for adapter in ADAPTERS if not (adapter == "orbax" and mode == "pipeline")]  # fmt: skip
     verdicts = []
+    load_before = os.getloadavg()[0]
     for hosts in [int(h) for h in args.hosts.split(",")]:
         rounds: dict[tuple[str, str], list[list[dict]]] = {(m, a): [] for m, _, a in configs}
         for _ in range(args.repeats):
@@ -352,11 +353,14 @@ def run_ecosystem(args) -> list[str]:
                 ratio = min(median(mode, adapter, h, "examples_s")[0] / median(mode, "plain", h, "examples_s")[0]
                             for h in range(hosts))  # fmt: skip
                 verdicts.append((f"{adapter}, {what}, {hosts} host{'s' if hosts > 1 else ''}", ratio))
-    met = all(ratio >= 0.9 for _, ratio in verdicts)
+    # The target is for training (the accelerator model); pipeline alone is capacity, reported beside it.
+    trained = all(ratio >= 0.9 for what, ratio in verdicts if "accelerator" in what)
+    capacity = all(ratio >= 0.9 for what, ratio in verdicts if "pipeline" in what)
     lines.append(
         "median examples/s relative to the plain iterator's, same model and hosts (the lower host): "
         + "; ".join(f"{what} {ratio * 100:.0f}%" for what, ratio in verdicts)
-        + f". Target (within 10% of the plain iterator) {'met' if met else 'NOT met'}"
+        + f". Target (within 10% of the plain iterator, accelerator model) {'met' if trained else 'NOT met'}; "
+        f"pipeline alone (capacity) {'also within 10%' if capacity else 'NOT within 10% for every adapter'}"
     )
     lines.append(
         "waiting = time in next() of what the train loop iterates / wall time (orbax: save() runs in the step, "
@@ -365,6 +369,8 @@ def run_ecosystem(args) -> list[str]:
         "pipeline-alone rows measure capacity, which the other jobs on this shared 2-core machine make vary from "
         "round to round (see the ranges)"
     )
+    lines.append(f"machine load (1-minute average, 2 cores shared with other work): {load_before:.1f} before, "
+                 f"{os.getloadavg()[0]:.1f} after")  # fmt: skip
     return lines
 
 

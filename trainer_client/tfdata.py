@@ -110,6 +110,11 @@ def tf_dataset(
     atexit.register(_close_at_exit, weakref.ref(iterator))
     options = tf.data.Options()
     options.experimental_optimization.map_parallelization = False  # read() takes the steps in order
+    # The DataIterator reads ahead in its own threads already. tf.data's autotuning (and the prefetch it
+    # injects) adds nothing to that, and its end of stream stalled for 1-7 s on a loaded host pinned
+    # to one core (bench/bench_client.py --ecosystem, 2 hosts): off, read() runs in next()'s thread.
+    options.autotune.enabled = False
+    options.experimental_optimization.inject_prefetch = False
     steps = tf.data.Dataset.counter(first) if stop_step is None else tf.data.Dataset.range(first, stop_step)
     # A plan may skip a step's data: that step yields no element.
     dataset = steps.map(element).filter(lambda _, trained: trained).map(lambda batch, _: batch)
