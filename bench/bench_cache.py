@@ -15,45 +15,17 @@ import gzip
 import json
 import multiprocessing
 import os
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench._measure import run_measured
 from bench._report import write_section
 from taskdata.tasks import corpus
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _tree_rss(root: int) -> tuple[int, int]:
-    """(sum, max) resident bytes over ``root`` and all its descendants."""
-    parents: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    tree, frontier = {root}, [root]
-    while frontier:
-        pid = frontier.pop()
-        children = [c for c, p in parents.items() if p == pid]
-        tree.update(children)
-        frontier.extend(children)
-    sizes = []
-    for pid in tree:
-        try:
-            with open(f"/proc/{pid}/statm") as f:
-                sizes.append(int(f.read().split()[1]) * _PAGE)
-        except OSError:
-            continue
-    return sum(sizes), max(sizes, default=0)
 
 
 def run_job(corpus_dir: str, output: str, workers: int, vocab: str) -> dict:
@@ -61,32 +33,13 @@ def run_job(corpus_dir: str, output: str, workers: int, vocab: str) -> dict:
     command = [sys.executable, "-m", "taskdata", "cache", "--task", "c4_span_corruption", "--c4-dir", corpus_dir,
                "--output", output, "--force", "--quiet", "--",
                f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
-    started = time.monotonic()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak_sum = peak_one = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak_sum, peak_one
-        while not done.is_set():
-            total, largest = _tree_rss(process.pid)
-            peak_sum, peak_one = max(peak_sum, total), max(peak_one, largest)
-            time.sleep(0.1)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, stderr = process.communicate()
-    seconds = time.monotonic() - started
-    done.set()
-    sampler.join()
-    if process.returncode != 0:
-        raise SystemExit(f"cache job failed:\n{stderr}")
-    version_dir = stdout.strip().splitlines()[-1]
+    job = run_measured(command, env, what="cache job")
+    version_dir = job["stdout"].strip().splitlines()[-1]
     manifest = json.loads(Path(version_dir, "manifest.json").read_text())
     examples = sum(s["num_records"] for s in manifest["splits"].values())
     size = sum(sh["bytes"] for s in manifest["splits"].values() for sh in s["shards"])
-    return {"seconds": seconds, "examples": examples, "bytes": size, "peak_tree_rss": peak_sum,
-            "peak_process_rss": peak_one}
+    return {"seconds": job["seconds"], "examples": examples, "bytes": size, "peak_tree_rss": job["peak_tree_rss"],
+            "peak_process_rss": job["peak_process_rss"]}
 
 
 def _texts(corpus_dir: str) -> list[str]:

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 
+from bench._measure import run_measured
 from bench._report import write_section
 from taskdata.cache.format import load_manifest
 from taskdata.cache.reader import CacheReader
@@ -41,15 +40,8 @@ def run_job(corpus_dir: str, output: str, vocab: str, pack: bool) -> tuple[float
     env = dict(os.environ, TASKDATA_VOCAB=vocab, PYTHONPATH=os.getcwd())
     command = [sys.executable, "-m", "taskdata", "cache", "--task", TASK, "--c4-dir", corpus_dir, "--output", output,
                "--split", "train", "--num-shards", "4", "--force", "--quiet", *(["--pack"] if pack else [])]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.monotonic()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    seconds = time.monotonic() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(f"cache job failed:\n{done.stderr}")
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return seconds, cpu, done.stdout.strip().splitlines()[-1]
+    job = run_measured(command, env, what="cache job", sample_rss=False)
+    return job["seconds"], job["cpu"], job["stdout"].strip().splitlines()[-1]
 
 
 def packing_alone(shards: list[list[dict[str, np.ndarray]]], lengths: dict[str, int], open_rows: int) -> float:

@@ -24,11 +24,11 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench._measure import run_measured
 from bench._report import write_section
 from taskdata.tasks import corpus
 
@@ -45,16 +45,10 @@ def run_job(corpus_dir: str, output: str, workers: int, vocab: str) -> dict:
     command = [sys.executable, "-m", "taskdata", "cache", "--task", "c4_span_corruption", "--c4-dir", corpus_dir,
                "--output", output, "--force", "--", f"--direct_num_workers={workers}",
                "--direct_running_mode=multi_processing"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.monotonic()
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
-    wall = time.monotonic() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if result.returncode != 0:
-        raise SystemExit(f"cache job failed:\n{result.stderr[-3000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    verified = re.search(r"verified every record of [\d,]+ in ([\d.]+) s", result.stdout + result.stderr)
-    version_dir = result.stdout.strip().splitlines()[-1]
+    job = run_measured(command, env, what="cache job", sample_rss=False)
+    wall, cpu = job["seconds"], job["cpu"]
+    verified = re.search(r"verified every record of [\d,]+ in ([\d.]+) s", job["stdout"] + job["stderr"])
+    version_dir = job["stdout"].strip().splitlines()[-1]
     manifest = json.loads(Path(version_dir, "manifest.json").read_text())
     examples = sum(s["num_records"] for s in manifest["splits"].values())
     size = sum(sh["bytes"] for s in manifest["splits"].values() for sh in s["shards"])

@@ -26,19 +26,16 @@ import collections
 import gzip
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench._measure import run_measured
 from bench._report import write_section
-from bench.bench_cache import _tree_rss
 from taskdata.tasks import corpus
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "seqio_bridge")
@@ -73,30 +70,7 @@ def write_documents(size: int, corpus_size: int) -> str:
 
 
 def run(command: list[str], env: dict[str, str]) -> dict:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.monotonic()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak_sum = peak_one = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak_sum, peak_one
-        while not done.is_set():
-            total, largest = _tree_rss(process.pid)
-            peak_sum, peak_one = max(peak_sum, total), max(peak_one, largest)
-            time.sleep(0.1)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, stderr = process.communicate()
-    seconds = time.monotonic() - started
-    done.set()
-    sampler.join()
-    if process.returncode != 0:
-        raise SystemExit(f"{command[:4]} failed:\n{stderr[-4000:]}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return {"seconds": seconds, "cpu": cpu, "peak_tree_rss": peak_sum, "peak_process_rss": peak_one, "stdout": stdout}
+    return run_measured(command, env, what=" ".join(command[:4]))
 
 
 def examples_of(files: list[str]) -> collections.Counter:

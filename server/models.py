@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from taskdata.index import MAX_LOOKAHEAD
@@ -35,6 +36,7 @@ __all__ = [
     "LedgerQuery",
     "MixtureComponent",
     "Occurrence",
+    "PathName",
     "PlanModel",
     "PositionRange",
     "ReadColumns",
@@ -74,6 +76,8 @@ MAX_LEDGER_READS = 1000  # reads of one example listed per request
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+# The same rule for a name in a URL path (/runs/{name}, /tasks/{name}).
+PathName = Annotated[str, Path(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 Count = Annotated[int, Field(ge=0)]
 
 

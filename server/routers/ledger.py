@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import APIRouter, Depends, HTTPException, Path, Query
+from fastapi import APIRouter, Depends, HTTPException, Query
 
 from server.models import (
-    NAME_PATTERN,
     ErrorResponse,
     ExampleLedgerResponse,
     LedgerQuery,
+    PathName,
     StepLedgerResponse,
     SummaryQuery,
     SummaryResponse,
@@ -43,7 +43,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     },
 }
 
-RunName = Annotated[str, Path(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 
 
 @router.get(
@@ -53,7 +52,7 @@ RunName = Annotated[str, Path(min_length=1, max_length=200, pattern=NAME_PATTERN
     summary="The examples of a step (with their stable ids and sources), or the steps that read an example",
 )
 async def get_ledger(
-    state: Annotated[ServerState, Depends(get_state)], name: RunName, query: Annotated[LedgerQuery, Query()]
+    state: Annotated[ServerState, Depends(get_state)], name: PathName, query: Annotated[LedgerQuery, Query()]
 ) -> dict[str, Any]:
     stored, _ = state.find_run(name)
     caches = state.resolver.cached(stored) or await first_use(state, stored)
@@ -80,7 +79,7 @@ async def get_ledger(
 @router.get("/runs/{name}/summary", response_model=SummaryResponse, responses=_ERRORS,
             summary="Where a run stands before a step: per task, per host, the stage in force")
 async def get_summary(
-    state: Annotated[ServerState, Depends(get_state)], name: RunName, query: Annotated[SummaryQuery, Query()]
+    state: Annotated[ServerState, Depends(get_state)], name: PathName, query: Annotated[SummaryQuery, Query()]
 ) -> dict[str, Any]:
     stored, _ = state.find_run(name)
     caches = state.resolver.cached(stored) or await first_use(state, stored)

@@ -8,11 +8,11 @@ from fractions import Fraction
 from typing import Annotated, Any, Literal, cast
 
 import anyio.to_thread
-from fastapi import APIRouter, Depends, HTTPException, Path, Response
+from fastapi import APIRouter, Depends, HTTPException, Response
 
 from server.models import (
-    NAME_PATTERN,
     ErrorResponse,
+    PathName,
     RunCreate,
     RunDetail,
     RunList,
@@ -104,7 +104,7 @@ async def list_runs(state: Annotated[ServerState, Depends(get_state)]) -> dict[s
 )
 async def get_run(
     state: Annotated[ServerState, Depends(get_state)],
-    name: Annotated[str, Path(min_length=1, max_length=200, pattern=NAME_PATTERN)],
+    name: PathName,
 ) -> dict[str, Any]:
     return _detail(*state.find_run(name))
 
@@ -176,7 +176,7 @@ _STAGE_ERRORS = {
 )
 async def add_stage(
     state: Annotated[ServerState, Depends(get_state)],
-    name: Annotated[str, Path(min_length=1, max_length=200, pattern=NAME_PATTERN)],
+    name: PathName,
     body: StageRequest,
     response: Response,
 ) -> dict[str, Any]:

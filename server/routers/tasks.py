@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends
 
 from server.catalog import task_detail, task_summaries
-from server.models import NAME_PATTERN, ErrorResponse, TaskDetail, TaskList
+from server.models import ErrorResponse, PathName, TaskDetail, TaskList
 from server.state import ServerState, get_state
 
 __all__ = ["router"]
@@ -38,7 +38,7 @@ async def list_tasks(state: Annotated[ServerState, Depends(get_state)]) -> dict[
 )
 async def get_task(
     state: Annotated[ServerState, Depends(get_state)],
-    name: Annotated[str, Path(min_length=1, max_length=200, pattern=NAME_PATTERN)],
+    name: PathName,
 ) -> dict[str, Any]:
     # Listing versions reads manifests and stats files: file I/O, off the event loop.
     return await anyio.to_thread.run_sync(task_detail, state.registry, state.resolver, name)
