@@ -1,10 +1,13 @@
 """``/shards`` answers as bytes: the reads of ``taskdata.index`` for a host slice, cached and wrapped.
 
-A step is computed once for all its host slices (``taskdata.index.step_slices``): each host's answer
-is cut from it, so the 8 or 800 hosts of a step share its index math and each answer only writes its
-own slice (``taskdata.index.to_json``). Each step's JSON depends only on (run, plan fingerprint, host
-slice, step, encoding), so it is kept by that key in a bounded LRU; nothing in it differs between
-processes, so any replica returns the same bytes. (A run's plan may gain stages: the fingerprint in the
+The first host to ask for a step gets its own slice computed alone (``taskdata.index.step_reads``):
+when every request is for another step, nothing is computed for hosts that never ask. The second host
+of a step gets the whole step computed for all its slices (``taskdata.index.step_slices``), kept in a
+small LRU, and every later host of that step cuts its answer from it: the 8 or 800 hosts of a step share
+its index math. Both give equal values for a slice (``tests/test_index_reads.py``). Each step's JSON
+(``taskdata.index.to_json``) depends only on (run, plan fingerprint, host slice, step, encoding), so it
+is kept by that key in a bounded LRU; nothing in it differs between processes, so any replica returns
+the same bytes. (A run's plan may gain stages: the fingerprint in the
 key keeps answers of the plan before from being served after.) ``server.models.ShardsResponse``
 documents the shape; the tests validate answers against it.
 """
@@ -16,13 +19,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from taskdata.index import CacheFiles, RunTables, StepSlices, step_slices, to_json
+from taskdata.index import CacheFiles, RunTables, StepReads, StepSlices, step_reads, step_slices, to_json
 from taskdata.index.columns import ColumnEncoding
 from taskdata.runs import ResolvedCache, StoredRun
 
 __all__ = ["AnswerCache", "shards_body", "step_json"]
 
-# Steps whose slices are kept: a lookahead window (<= 64 steps) of a few runs; ~100 KB each at 2,048.
+# Steps whose slices are kept (or marked as asked for once): a lookahead window (<= 64 steps) of a few
+# runs; ~100 KB each at 2,048.
 _STEP_SLICES = 128
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode
 
@@ -37,7 +41,7 @@ def step_json(
     encoding: ColumnEncoding,
 ) -> bytes:
     """The JSON of one step (``server.models.StepReads``) for host slice ``index`` of ``count``."""
-    return to_json(memory.step_slices(run, tables, step, count)[index], encoding)
+    return to_json(memory.step_reads(run, tables, step, index, count), encoding)
 
 
 def shards_body(
@@ -69,7 +73,8 @@ class AnswerCache:
       slice index, step, encoding): a stored run's plan only changes by gaining stages
       (``taskdata.runs.RunStore``), which changes its fingerprint, and the caches it pins are found by
       manifest hash;
-    - each step's ``StepSlices``, in a small LRU keyed by (run name, plan fingerprint, step, slice count);
+    - each step's ``StepSlices``, in a small LRU keyed by (run name, plan fingerprint, step, slice count),
+      which also marks the steps of which one slice was computed alone;
     - per run, its ``RunTables`` of its current plan (rebuilt when the run gains a stage); per cache
       version, its ``CacheFiles`` (file JSON encoded once), shared by the runs that read it.
     """
@@ -80,7 +85,8 @@ class AnswerCache:
         self._lock = threading.Lock()
         self._files: dict[tuple[str, str], CacheFiles] = {}
         self._tables: dict[str, RunTables] = {}
-        self._slices: OrderedDict[tuple[str, str, int, int], StepSlices] = OrderedDict()
+        # None: one slice of the step was computed alone; the next host of that step computes them all.
+        self._slices: OrderedDict[tuple[str, str, int, int], StepSlices | None] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
@@ -127,20 +133,27 @@ class AnswerCache:
         for files in self.tables(run, caches).files:
             files.file_rows  # noqa: B018 (a cached property: computing it is the point)
 
-    def step_slices(self, run: str, tables: RunTables, step: int, count: int) -> StepSlices:
-        """``step_slices`` of ``step``, from a small LRU (two threads may both compute: equal results)."""
+    def step_reads(self, run: str, tables: RunTables, step: int, index: int, count: int) -> StepReads:
+        """Slice ``index`` of ``count`` at ``step``: alone for the step's first host, else cut from the whole
+        step, computed by its second host and kept in a small LRU (two threads may both compute: equal results).
+        """
         key = (run, tables.plan.fingerprint(), step, count)
         with self._lock:
+            asked = key in self._slices
             found = self._slices.get(key)
-            if found is not None:
-                self._slices.move_to_end(key)
-                return found
-        slices = step_slices(tables, step, count)
-        with self._lock:
-            self._slices[key] = slices
+            self._slices[key] = found
+            self._slices.move_to_end(key)
             while len(self._slices) > _STEP_SLICES:
                 self._slices.popitem(last=False)
-        return slices
+        if found is not None:
+            return found[index]
+        if not asked and count > 1:
+            return step_reads(tables, step, index, count)
+        slices = step_slices(tables, step, count)
+        with self._lock:
+            if key in self._slices:  # not pushed out meanwhile: the LRU stays within its bound
+                self._slices[key] = slices
+        return slices[index]
 
     def clear_step_slices(self) -> None:
         """Forgets every step's slices (benchmarks use it to time a step's index math alone)."""

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.state import state_of
 
-__all__ = ["OPEN_PATHS", "RequestGuard", "require_token"]
+__all__ = ["OPEN_PATHS", "RequestGuard", "require_token", "token_problem"]
 
 OPEN_PATHS = frozenset({"/healthz"})  # load balancers probe it without credentials
 
@@ -57,7 +57,7 @@ class RequestGuard:
                 chunked = True
         has_body = chunked or length not in (None, b"0")
         if settings.token is not None and scope["path"] not in OPEN_PATHS:
-            problem = _token_problem(authorization, settings.token.get_secret_value())
+            problem = token_problem(authorization, settings.token.get_secret_value())
             if problem is not None:
                 challenge = "Bearer" if problem == _MISSING else 'Bearer error="invalid_token"'
                 await _refuse(scope, receive, send, 401, problem, has_body, {"WWW-Authenticate": challenge})
@@ -91,7 +91,8 @@ class RequestGuard:
         await self.app(scope, receive_within_limit, send)
 
 
-def _token_problem(authorization: bytes | None, token: str) -> str | None:
+def token_problem(authorization: bytes | None, token: str) -> str | None:
+    """Why ``authorization`` (the header's value) does not carry ``token``, or None when it does."""
     if authorization is None:
         return _MISSING
     scheme, _, credentials = authorization.partition(b" ")

@@ -19,13 +19,14 @@ from pydantic import ValidationError
 
 from server.assignments import AnswerCache, shards_body, step_json
 from server.models import MAX_STEP, ErrorResponse, ShardsQuery, ShardsResponse
-from server.state import first_use, get_state
+from server.state import ServerState, first_use, get_state
 from taskdata.index import PlanError, RunTables, host_slice_for
 from taskdata.index.columns import ColumnEncoding
 
-__all__ = ["router"]
+__all__ = ["PATH", "answer", "router"]
 
 router = APIRouter(tags=["shards"])
+PATH = "/shards"
 
 # FastAPI's type of a route's extra OpenAPI responses (free-form JSON objects).
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -69,7 +70,7 @@ def _query_parameters() -> list[dict]:
 
 
 @router.get(
-    "/shards",
+    PATH,
     response_model=ShardsResponse,
     responses={**_ERRORS, 422: _INVALID_PARAMETERS},
     summary="Read instructions of one host for a window of steps",
@@ -78,16 +79,31 @@ def _query_parameters() -> list[dict]:
 async def get_shards(request: Request) -> Response:
     # The parameters are read here with ShardsQuery rather than declared one by one: FastAPI's per-request
     # work for six declared parameters and two dependencies was ~80 us, as much as computing an answer.
-    # The schema documents them from the same model (openapi_extra above).
+    # The schema documents them from the same model (openapi_extra above). Plainly valid requests do not
+    # come here: server.shards_fast answers them before FastAPI's routing, with the same answer().
     try:
         query = ShardsQuery.model_validate(dict(request.query_params))
     except ValidationError as error:
         raise RequestValidationError(
             [{**e, "loc": ("query", *e["loc"])} for e in error.errors(include_url=False)]
         ) from None
-    state = await get_state(request)
-    host, step, steps, num_hosts = query.host, query.step, query.steps, query.num_hosts
-    stored, _ = state.find_run(query.run)
+    body = await answer(await get_state(request), **query.model_dump())
+    return Response(body, media_type="application/json")
+
+
+async def answer(
+    state: ServerState,
+    *,
+    host: int,
+    step: int,
+    steps: int,
+    run: str | None,
+    num_hosts: int | None,
+    encoding: ColumnEncoding,
+) -> bytes:
+    """The body of ``GET /shards`` for parameters that ``ShardsQuery`` validated; HTTPException (400, 404,
+    503) or the errors of the run's caches (``server.main``'s exception handlers answer them) otherwise."""
+    stored, _ = state.find_run(run)
     plan = stored.plan
     hosts = plan.num_data_shards if num_hosts is None else num_hosts
     if host >= hosts:
@@ -108,7 +124,7 @@ async def get_shards(request: Request) -> Response:
         raise HTTPException(400, f"Run {stored.name!r}: {error}") from None
     data_shard = index * (plan.num_data_shards // count)  # the first data shard of the host's slice
     caches = state.resolver.cached(stored) or await first_use(state, stored)
-    cache, encoding = state.answers, query.encoding
+    cache = state.answers
     tables = cache.tables(stored, caches)
     # A stored run may gain stages: the plan's fingerprint keeps answers of the plan before from being served after.
     keys = [(stored.name, plan.fingerprint(), count, index, s, encoding) for s in range(step, step + steps)]
@@ -124,8 +140,7 @@ async def get_shards(request: Request) -> Response:
         parts[i] = part
         cache.put(keys[i], part)
     # Every missing part was filled in above, so parts holds no None now.
-    body = shards_body(stored, host, hosts, data_shard, step + steps - 1, parts)  # type: ignore[arg-type]
-    return Response(body, media_type="application/json")
+    return shards_body(stored, host, hosts, data_shard, step + steps - 1, parts)  # type: ignore[arg-type]
 
 
 def _compute(
