@@ -1,19 +1,25 @@
 """``/shards`` answers as bytes: the reads of ``taskdata.index`` for a host slice, cached and wrapped.
 
-The first host to ask for a step gets its own slice computed alone (``taskdata.index.step_reads``):
-when every request is for another step, nothing is computed for hosts that never ask. The second host
-of a step gets the whole step computed for all its slices (``taskdata.index.step_slices``), kept in a
-small LRU, and every later host of that step cuts its answer from it: the 8 or 800 hosts of a step share
-its index math. Both give equal values for a slice (``tests/test_index_reads.py``). Each step's JSON
-(``taskdata.index.to_json``) depends only on (run, plan fingerprint, host slice, step, encoding), so it
-is kept by that key in a bounded LRU; nothing in it differs between processes, so any replica returns
-the same bytes. (A run's plan may gain stages: the fingerprint in the
-key keeps answers of the plan before from being served after.) ``server.models.ShardsResponse``
-documents the shape; the tests validate answers against it.
+A step's reads can be computed for one host slice alone (``taskdata.index.step_reads``) or for all its
+slices at once (``taskdata.index.step_slices``, ~2.5x the time of one slice at 8 slices, since most of
+the cost is per call); both give equal values for a slice (``tests/test_index_reads.py``). Which one a
+request gets depends on how the run's hosts have been asking: when the step a run's hosts last started
+on was asked for by more than one host (hosts in step, or a pod's lookahead windows), the first host of
+a new step computes the whole step and its other hosts cut their answers from it; when it was asked
+for once (every request for another step), a new step's first host computes its own slice alone, and
+a second host of that step computes the whole step. Whole steps are kept in a small LRU.
+
+Each step's JSON (``taskdata.index.to_json``) depends only on (run, plan fingerprint, host slice,
+step, encoding), so it is kept by that key in a bounded LRU; nothing in it differs between processes,
+so any replica returns the same bytes. (A run's plan may gain stages: the fingerprint in the key keeps
+answers of the plan before from being served after.) ``server.models.ShardsResponse`` documents the
+shape; the tests validate answers against it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -25,9 +31,9 @@ from taskdata.runs import ResolvedCache, StoredRun
 
 __all__ = ["AnswerCache", "shards_body", "step_json"]
 
-# Steps whose slices are kept (or marked as asked for once): a lookahead window (<= 64 steps) of a few
-# runs; ~100 KB each at 2,048.
-_STEP_SLICES = 128
+# Steps remembered (whole ones with their slices, ~100 KB each at 2,048): a lookahead window (<= 64
+# steps) of a few runs.
+_STEPS = 128
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode
 
 
@@ -52,18 +58,33 @@ def shards_body(
     Its fingerprint is that of what decides the steps up to ``last_step`` (``RunPlan.fingerprint_before``):
     a stage appended later in the run leaves the answer of every earlier step unchanged, byte for byte.
     """
-    head = _dumps(
-        {
-            "run": run.name,
-            "fingerprint": run.plan.fingerprint_before(last_step + 1),
-            "split": run.split,
-            "host": host,
-            "num_hosts": num_hosts,
-            "data_shard": data_shard,
-            "num_data_shards": run.plan.num_data_shards,
-        }
+    head = _head(run.name, run.plan.fingerprint_before(last_step + 1), run.split)
+    numbers = b'%d,"num_hosts":%d,"data_shard":%d,"num_data_shards":%d' % (
+        host,
+        num_hosts,
+        data_shard,
+        run.plan.num_data_shards,
     )
-    return b"".join((head[:-1].encode(), b',"steps":[', b",".join(steps), b"]}"))
+    return b"".join((head, numbers, b',"steps":[', b",".join(steps), b"]}"))
+
+
+@functools.lru_cache(maxsize=256)
+def _head(run: str, fingerprint: str, split: str) -> bytes:
+    """The answer's text up to the host number (its strings as ``json`` escapes them), kept per run."""
+    return b'{"run":%s,"fingerprint":%s,"split":%s,"host":' % (
+        _dumps(run).encode(),
+        _dumps(fingerprint).encode(),
+        _dumps(split).encode(),
+    )
+
+
+@dataclasses.dataclass
+class _Step:
+    """What the cache knows of a step of a run cut into host slices: how often a slice of it was computed
+    or cut, and the whole step once computed."""
+
+    asked: int = 0
+    slices: StepSlices | None = None
 
 
 class AnswerCache:
@@ -73,8 +94,9 @@ class AnswerCache:
       slice index, step, encoding): a stored run's plan only changes by gaining stages
       (``taskdata.runs.RunStore``), which changes its fingerprint, and the caches it pins are found by
       manifest hash;
-    - each step's ``StepSlices``, in a small LRU keyed by (run name, plan fingerprint, step, slice count),
-      which also marks the steps of which one slice was computed alone;
+    - per step, keyed by (run name, plan fingerprint, step, slice count) in a small LRU, how often it was
+      asked for and its ``StepSlices`` once computed whole; per (run name, plan fingerprint, slice
+      count), the step its hosts last started on;
     - per run, its ``RunTables`` of its current plan (rebuilt when the run gains a stage); per cache
       version, its ``CacheFiles`` (file JSON encoded once), shared by the runs that read it.
     """
@@ -85,8 +107,8 @@ class AnswerCache:
         self._lock = threading.Lock()
         self._files: dict[tuple[str, str], CacheFiles] = {}
         self._tables: dict[str, RunTables] = {}
-        # None: one slice of the step was computed alone; the next host of that step computes them all.
-        self._slices: OrderedDict[tuple[str, str, int, int], StepSlices | None] = OrderedDict()
+        self._steps: OrderedDict[tuple[str, str, int, int], _Step] = OrderedDict()
+        self._latest: OrderedDict[tuple[str, str, int], _Step] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
@@ -134,28 +156,35 @@ class AnswerCache:
             files.file_rows  # noqa: B018 (a cached property: computing it is the point)
 
     def step_reads(self, run: str, tables: RunTables, step: int, index: int, count: int) -> StepReads:
-        """Slice ``index`` of ``count`` at ``step``: alone for the step's first host, else cut from the whole
-        step, computed by its second host and kept in a small LRU (two threads may both compute: equal results).
-        """
-        key = (run, tables.plan.fingerprint(), step, count)
+        """Slice ``index`` of ``count`` at ``step``: cut from the whole step, or computed alone when the
+        step is new and the run's last new step was asked for once (module docstring). Two threads may
+        both compute a step: equal results."""
+        fingerprint = tables.plan.fingerprint()
+        key, run_key = (run, fingerprint, step, count), (run, fingerprint, count)
         with self._lock:
-            asked = key in self._slices
-            found = self._slices.get(key)
-            self._slices[key] = found
-            self._slices.move_to_end(key)
-            while len(self._slices) > _STEP_SLICES:
-                self._slices.popitem(last=False)
-        if found is not None:
-            return found[index]
-        if not asked and count > 1:
-            return step_reads(tables, step, index, count)
-        slices = step_slices(tables, step, count)
-        with self._lock:
-            if key in self._slices:  # not pushed out meanwhile: the LRU stays within its bound
-                self._slices[key] = slices
+            entry = self._steps.get(key)
+            if entry is None:
+                latest = self._latest.get(run_key)
+                whole = count == 1 or (latest is not None and latest.asked > 1)
+                entry = self._steps[key] = self._latest[run_key] = _Step()
+                self._latest.move_to_end(run_key)
+                for memory in (self._steps, self._latest):
+                    while len(memory) > _STEPS:
+                        memory.popitem(last=False)
+            else:
+                whole = True
+                self._steps.move_to_end(key)
+            entry.asked += 1
+            slices = entry.slices
+        if slices is None:
+            if not whole:
+                return step_reads(tables, step, index, count)
+            # An entry pushed out of the LRU meanwhile is dropped with what it holds: the bound stands.
+            slices = entry.slices = step_slices(tables, step, count)
         return slices[index]
 
     def clear_step_slices(self) -> None:
-        """Forgets every step's slices (benchmarks use it to time a step's index math alone)."""
+        """Forgets every step (benchmarks use it to time a step's index math alone)."""
         with self._lock:
-            self._slices.clear()
+            self._steps.clear()
+            self._latest.clear()

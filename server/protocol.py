@@ -29,7 +29,7 @@ import json
 import re
 from typing import Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from server.settings import Settings
 
@@ -82,6 +82,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._awaiting_headers = False
         self._cancel_header_deadline()
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope["method"] != "HEAD":  # a HEAD answer is its head alone
+            cycle.transport = _HeadWithBody(cycle, self.transport)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         self._awaiting_headers, self._header_bytes, self._tail = True, 0, b""  # next: another request
@@ -127,7 +130,45 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.write(b"".join(head) + body)
         client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
         self.logger.warning("Closed the connection of %s: %d, %s", client, status, detail)
-        self.transport.close()
+        # Through the cycle's transport: a response head it holds is written before the connection closes.
+        (self.transport if self.cycle is None else self.cycle.transport).close()
+
+
+class _HeadWithBody:
+    """A response's transport that writes its head together with its first body bytes.
+
+    uvicorn writes a response's status line and headers when the app sends ``http.response.start`` and
+    its body at each ``http.response.body``: two ``send()`` calls, two TCP segments, two wake-ups of the
+    client. Holding the head until the body's first write makes them one (measured: the head's
+    separate write was a fifth of the server's time for a /shards answer). Every app of this server
+    sends its body right after its head (no streaming route). A head is written on its own only if the
+    connection closes first (the app failed after starting its answer): then as before.
+    """
+
+    def __init__(self, cycle: RequestResponseCycle, transport: asyncio.Transport):
+        self._cycle = cycle
+        self._transport = transport
+        self._head: bytes | None = None
+        self._head_seen = False
+
+    def write(self, data: bytes) -> None:
+        if not self._head_seen and self._cycle.response_started:  # the first write of the response: its head
+            self._head_seen, self._head = True, data
+            return
+        if self._head is None:
+            self._transport.write(data)
+        else:
+            self._transport.writelines((self._head, data))  # one send (uvloop: writev, no copy)
+            self._head = None
+
+    def close(self) -> None:
+        if self._head is not None:
+            self._transport.write(self._head)
+            self._head = None
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
 
 
 def limited_protocol(settings: Settings) -> type[LimitedHttpToolsProtocol]:
