@@ -12,10 +12,12 @@ import io
 import socket
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
 
+from server.protocol import _HeadWithBody
 from server.settings import Settings
 from taskdata.cli import build_parser
 from tests.test_server_uvicorn import Server, environment
@@ -223,3 +225,56 @@ def test_the_help_states_the_settings_defaults():
     assert f"(default {defaults['max_header_bytes'].default})" in text
     assert f"(default {defaults['header_timeout_seconds'].default:g})" in text
     assert f"(default {defaults['keep_alive_seconds'].default:g};" in text
+
+
+class _Transport:
+    def __init__(self):
+        self.sends: list[bytes] = []
+        self.closed = False
+
+    def write(self, data):
+        self.sends.append(bytes(data))
+
+    def writelines(self, chunks):
+        self.sends.append(b"".join(chunks))  # one send, as uvloop's writev
+
+    def close(self):
+        self.closed = True
+
+    def is_closing(self):
+        return self.closed
+
+
+def test_a_response_head_leaves_with_its_body_in_one_send():
+    transport = _Transport()
+    cycle = types.SimpleNamespace(response_started=False)
+    writer = _HeadWithBody(cycle, transport)
+    writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # before the response starts: at once
+    assert transport.sends == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    cycle.response_started = True
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n")
+    assert len(transport.sends) == 1  # the head waits for the body
+    writer.write(b"body")
+    writer.write(b"more")
+    assert transport.sends[1:] == [b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nbody", b"more"]
+    # An answer that fails after its head: the head is written before the connection closes, as before.
+    transport = _Transport()
+    writer = _HeadWithBody(types.SimpleNamespace(response_started=True), transport)
+    writer.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    writer.close()
+    assert transport.sends == [b"HTTP/1.1 200 OK\r\n\r\n"] and transport.closed
+
+
+def test_responses_arrive_whole_through_the_head_holding_transport(quick):
+    # A HEAD answer has no body to carry its head: it is written at once. Keep-alive on one connection.
+    sock = connect(quick)
+    assert send(sock, get("/healthz"))
+    assert read_response(sock).endswith(b'{"status":"ok"}')
+    assert send(sock, b"HEAD /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        head += sock.recv(1) or pytest.fail(f"closed after {head!r}")
+    assert status_of(head) == 405
+    assert send(sock, get("/healthz"))
+    assert read_response(sock).endswith(b'{"status":"ok"}')
+    sock.close()
