@@ -29,7 +29,10 @@ from server.shards_fast import AssignmentService, parse_query
 from taskdata.index import PlanError, RunTables, step_reads, to_json
 from tests.helpers import metric_samples
 from tests.test_runs import make_registry
-from tests.test_server import TOKEN, env  # noqa: F401 (the module's caches and runs fixture)
+from tests.test_server import TOKEN
+from tests.test_server import env as server_env
+
+env = pytest.fixture(scope="module")(server_env.__wrapped__)  # test_server.py's caches and runs
 
 GOOD = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -69,7 +72,7 @@ def query_strings(draw) -> bytes:
                              ("num_hosts", "1"), ("num_hosts", "65536"), ("encoding", "ints"), ("encoding", "base64")])  # fmt: skip
     pairs = draw(st.lists(st.one_of(anything, plain, plain), max_size=5))
     if draw(st.booleans()):  # mostly well-formed: host and step first
-        pairs = [("host", draw(st.sampled_from(VALUES[:8]))), ("step", draw(st.sampled_from(VALUES[:14])))] + pairs
+        pairs = [("host", draw(st.sampled_from(VALUES[:8]))), ("step", draw(st.sampled_from(VALUES[:14]))), *pairs]
     text = "&".join(f"{name}={value}" if name != "Host" else name for name, value in pairs)
     return text.encode("utf-8")
 
