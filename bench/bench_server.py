@@ -348,8 +348,9 @@ def in_process_breakdown(runs: list[dict], root: Path) -> list[str]:
             per_step = (time.perf_counter() - started) / len(steps)
             formatting = {}
             for encoding in ("base64", "ints"):
-                for step in steps:  # slices cached, as they are for a step's other hosts
-                    memory.step_slices(run.name, tables, step, HOSTS)
+                for step in steps:  # the whole step computed and kept (by its second host), as for its other hosts
+                    for host in (0, 1):
+                        memory.step_reads(run.name, tables, step, host, HOSTS)
                 started = time.perf_counter()
                 for step in steps:
                     for host in range(HOSTS):
