@@ -3,11 +3,13 @@
 A step's reads can be computed for one host slice alone (``taskdata.index.step_reads``) or for all its
 slices at once (``taskdata.index.step_slices``, ~2.5x the time of one slice at 8 slices, since most of
 the cost is per call); both give equal values for a slice (``tests/test_index_reads.py``). Which one a
-request gets depends on how the run's hosts have been asking: when the step a run's hosts last started
-on was asked for by more than one host (hosts in step, or a pod's lookahead windows), the first host of
-a new step computes the whole step and its other hosts cut their answers from it; when it was asked
-for once (every request for another step), a new step's first host computes its own slice alone, and
-a second host of that step computes the whole step. Whole steps are kept in a small LRU.
+request gets depends on how the run's hosts have been asking: when one of the last two steps a run's
+hosts started on was asked for by more than one host (hosts in step, or a pod's lookahead windows), the
+first host of a new step computes the whole step and its other hosts cut their answers from it; when
+both were asked for once (every request for another step), a new step's first host computes its own
+slice alone, and a second host of that step computes the whole step. (Two steps, not one: requests
+for consecutive steps overlap, and the first of a step may come before the second of the step
+before.) Whole steps are kept in a small LRU.
 
 Each step's JSON (``taskdata.index.to_json``) depends only on (run, plan fingerprint, host slice,
 step, encoding), so it is kept by that key in a bounded LRU; nothing in it differs between processes,
@@ -96,7 +98,7 @@ class AnswerCache:
       manifest hash;
     - per step, keyed by (run name, plan fingerprint, step, slice count) in a small LRU, how often it was
       asked for and its ``StepSlices`` once computed whole; per (run name, plan fingerprint, slice
-      count), the step its hosts last started on;
+      count), the last two steps its hosts started on;
     - per run, its ``RunTables`` of its current plan (rebuilt when the run gains a stage); per cache
       version, its ``CacheFiles`` (file JSON encoded once), shared by the runs that read it.
     """
@@ -108,7 +110,7 @@ class AnswerCache:
         self._files: dict[tuple[str, str], CacheFiles] = {}
         self._tables: dict[str, RunTables] = {}
         self._steps: OrderedDict[tuple[str, str, int, int], _Step] = OrderedDict()
-        self._latest: OrderedDict[tuple[str, str, int], _Step] = OrderedDict()
+        self._latest: OrderedDict[tuple[str, str, int], tuple[_Step, ...]] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
@@ -157,16 +159,17 @@ class AnswerCache:
 
     def step_reads(self, run: str, tables: RunTables, step: int, index: int, count: int) -> StepReads:
         """Slice ``index`` of ``count`` at ``step``: cut from the whole step, or computed alone when the
-        step is new and the run's last new step was asked for once (module docstring). Two threads may
-        both compute a step: equal results."""
+        step is new and the run's last two new steps were asked for once each (module docstring). Two
+        threads may both compute a step: equal results."""
         fingerprint = tables.plan.fingerprint()
         key, run_key = (run, fingerprint, step, count), (run, fingerprint, count)
         with self._lock:
             entry = self._steps.get(key)
             if entry is None:
-                latest = self._latest.get(run_key)
-                whole = count == 1 or (latest is not None and latest.asked > 1)
-                entry = self._steps[key] = self._latest[run_key] = _Step()
+                latest = self._latest.get(run_key, ())
+                whole = count == 1 or any(other.asked > 1 for other in latest)
+                entry = self._steps[key] = _Step()
+                self._latest[run_key] = (entry, *latest[:1])
                 self._latest.move_to_end(run_key)
                 for memory in (self._steps, self._latest):
                     while len(memory) > _STEPS:

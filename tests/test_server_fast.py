@@ -247,13 +247,26 @@ def test_hosts_of_a_step_share_its_index_math_and_lone_requests_compute_their_sl
     assert calls == {"step_reads": 1, "step_slices": 1}
     ask(6, [1, 0, 2, 3])  # the run's last new step was shared: the whole of the next at once
     assert calls == {"step_reads": 1, "step_slices": 2}
-    ask(7, [0])  # the last was shared: whole (one step too many when the hosts stop sharing)
-    ask(8, [3])  # the last was asked for once: alone again
-    ask(9, [1])
-    assert calls == {"step_reads": 3, "step_slices": 3}
-    ask(20, [0])  # a step of another slice count keeps its own record
-    step_json(cache, "mix", tables, 21, 0, 2, "ints")
-    assert calls["step_reads"] == 5
+    ask(7, [0])  # one of the last two was shared: whole (two steps too many when the hosts stop sharing)
+    ask(8, [3])
+    assert calls == {"step_reads": 1, "step_slices": 4}
+    ask(9, [1])  # the last two were asked for once each: alone again
+    ask(10, [2])
+    assert calls == {"step_reads": 3, "step_slices": 4}
+    # Hosts in step again, two steps in flight: the first of a step comes before the second of the step
+    # before. Once they share, a new step is computed whole even then.
+    ask(12, [0])
+    ask(13, [0])
+    ask(12, [1, 2, 3])
+    ask(13, [1, 2, 3])
+    assert calls == {"step_reads": 5, "step_slices": 6}
+    ask(14, [0])
+    ask(15, [0])  # the step before has one host so far, the one before that all four: whole
+    ask(14, [1, 2, 3])
+    ask(15, [1, 2, 3])
+    assert calls == {"step_reads": 5, "step_slices": 8}
+    step_json(cache, "mix", tables, 21, 0, 2, "ints")  # another slice count keeps its own record
+    assert calls["step_reads"] == 6
 
 
 def test_the_step_caches_are_bounded(tables):
