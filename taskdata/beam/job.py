@@ -368,12 +368,14 @@ def _finalize(task: Task, spec: CacheJobSpec, splits: Sequence[str], num_shards:
         sources = task.source.list_shards(split)
         stats = FeatureStats()
         counters: dict[str, int] = {}
+        source_files = []  # the table that records' provenance/origin indexes (taskdata.cache.provenance)
         for index, path in enumerate(sources):
             result_path = source_result_path(spec.tmp_dir, split, index)
             if not fs.exists(result_path):
                 raise CacheJobError(f"Source shard {index} ({path}) of split {split!r} has no result: the "
                                     "pipeline did not process it. Nothing was committed; rerun the job.")
             result = read_json(result_path)
+            source_files.append(result["source_shard"])
             stats.merge(FeatureStats.from_json(result["stats"]))
             for key, value in result["counters"].items():
                 counters[key] = counters.get(key, 0) + int(value)
@@ -389,7 +391,8 @@ def _finalize(task: Task, spec: CacheJobSpec, splits: Sequence[str], num_shards:
             # The records are rows: seqio's files describe them; the counters say what they hold.
             rows = [read_json(packing_result_path(spec.tmp_dir, split, d)) for d in range(num_shards[split])]
             stats = _packed_split(split, rows, stats, counters)
-        split_manifest = SplitManifest(shards=tuple(shards), source_shards=len(sources), counters=counters)
+        split_manifest = SplitManifest(shards=tuple(shards), source_shards=len(sources), counters=counters,
+                                       source_files=tuple(source_files))
         if split_manifest.num_records != stats.examples:
             raise CacheJobError(
                 f"Split {split!r}: the shards hold {split_manifest.num_records} records but the source shards "
