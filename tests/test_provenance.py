@@ -163,3 +163,12 @@ def test_a_damaged_origin_is_an_error_naming_it(roots):
         read_provenance(manifest, "train", origin([1, 0, 0, 0, 6, 0, 0, 0], [0, 4, 8]))
     with pytest.raises(CacheFormatError, match="record 1 of the batch has 3 provenance/origin values"):
         read_provenance(manifest, "train", origin([1, 0, 0, 0, 6, 0, 0], [0, 4, 7]))
+
+
+@pytest.mark.parametrize("task", ["toy_random", "toy_packed"])
+def test_the_record_size_bench_s_before_is_exactly_what_caches_before_format_4_hold(roots, task):
+    from bench.bench_record_size import seqio_style_record
+
+    old, new = (version(root, task) for root in roots)
+    manifest = CacheReader(new).manifest
+    assert [seqio_style_record(r, manifest, "train") for r in records_of(new)] == records_of(old)
