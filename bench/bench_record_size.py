@@ -2,7 +2,7 @@
 
 Builds caches of the built-in tasks on the built-in C4-format corpus (in process; the split given, by
 default validation) with the cache job as it is: ``c4_span_corruption``, ``c4_prefix_lm`` and
-``c4_span_corruption`` packed into rows (``--pack``). The same records as formats 2 and 3 wrote them
+``c4_sentence_prefix_lm`` (sentences) packed into rows (``--pack``). The same records as formats 2 and 3 wrote them
 are made from each record by ``seqio_style_record`` (its provenance/origin replaced by the seqio-style
 features, the task, the seed and the source file name from the manifest); ``tests/test_provenance.py``
 checks that this gives, byte for byte, the records of caches built before format 4. So "before" and
@@ -92,7 +92,7 @@ def build_caches(split: str, output: str) -> dict[str, str]:
     built = {}
     for label, task, pack in (("c4_span_corruption", "c4_span_corruption", False),
                               ("c4_prefix_lm", "c4_prefix_lm", False),
-                              ("c4_span_corruption packed", "c4_span_corruption", True)):
+                              ("c4_sentence_prefix_lm packed", "c4_sentence_prefix_lm", True)):
         options = CacheOptions(task=task, output=os.path.join(output, label.replace(" ", "_")), splits=(split,),
                                progress=False, pack=pack, num_shards=2)
         built[label] = run_cache_job(options, registry, log=lambda message: None).version_dir
