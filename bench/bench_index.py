@@ -519,7 +519,9 @@ def write(lines: list[str], command: str) -> None:
     from _report import machine
 
     today = datetime.date.today().isoformat()
-    body = "\n".join([SECTION, f"- {today}, {machine()} (shared), `{command}`:", *lines, ""])
+    load = os.getloadavg()[0]
+    body = "\n".join([SECTION, f"- {today}, {machine()} (shared, load average {load:.1f} at the end), `{command}`:",
+                       *lines, ""])
     text = BENCHMARKS.read_text() if BENCHMARKS.exists() else "# Benchmarks\n"
     if SECTION in text:
         head, _, rest = text.partition(SECTION)

@@ -279,12 +279,13 @@ class StepLedgerColumns:
 _ENTRY_KEYS = ("position", "data_shard", "task", "epoch", "index", "shard", "record", "id", "source_file", "documents")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class StepLedger:
     """The examples of ``step`` (of one data shard's slice, or of the whole global batch), in order.
 
     A skipped step delivers nothing; its entries are the examples its positions hold, never delivered.
-    ``columns`` holds them as arrays; ``entries`` (made on first use) as one ``LedgerEntry`` each.
+    ``columns`` holds them as arrays; ``entries`` (made on first use) as one ``LedgerEntry`` each. Ledgers
+    compare by identity: compare their ``entries`` (or ``to_dict()``) to compare contents.
     """
 
     run: str
@@ -296,7 +297,7 @@ class StepLedger:
     data_shard: int | None
     num_data_shards: int
     positions: range
-    columns: StepLedgerColumns = dataclasses.field(compare=False, repr=False)
+    columns: StepLedgerColumns = dataclasses.field(repr=False)
 
     @functools.cached_property
     def entries(self) -> tuple[LedgerEntry, ...]:
