@@ -172,3 +172,17 @@ def test_the_record_size_bench_s_before_is_exactly_what_caches_before_format_4_h
     old, new = (version(root, task) for root in roots)
     manifest = CacheReader(new).manifest
     assert [seqio_style_record(r, manifest, "train") for r in records_of(new)] == records_of(old)
+
+
+def test_a_job_reusing_an_old_format_version_says_how_to_rebuild_it_compact(roots, tmp_path):
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(roots[0] / "toy_random", root / "toy_random")
+    logs: list[str] = []
+    result = build(root, task="toy_random", seed=3, num_shards=2, splits=("train",), logs=logs)
+    assert result.reused and result.manifest.format == FORMAT_SEQIO_PROVENANCE
+    assert any("cache format taskdata.cache/2" in line and "--force rebuilds it in taskdata.cache/4" in line
+               for line in logs), logs
+    again = build(root, task="toy_random", seed=3, num_shards=2, splits=("train",), logs=logs, force=True)
+    assert not again.reused and again.manifest.format == FORMAT

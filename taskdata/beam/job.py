@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from taskdata import fs
 from taskdata.cache.format import (
     CURRENT,
+    FORMAT,
     CacheFormatError,
     Manifest,
     ShardEntry,
@@ -129,6 +130,9 @@ def run_cache_job(options: CacheOptions, registry: Registry, log: Callable[[str]
         _point_current_at(root, reusable, log)
         log(f"[cache] reusing complete cache {reusable} (same task fingerprint {task_fingerprint[:12]}, "
             f"seed {options.seed}); pass --force to rebuild")
+        if manifest.format != FORMAT:
+            log(f"[cache] that version is cache format {manifest.format}: its records carry seqio-style provenance, "
+                f"~300 bytes per example more than format {FORMAT}'s; --force rebuilds it in {FORMAT}")
         return CacheResult(task.name, reusable, True, manifest, time.monotonic() - started)
 
     work: list[tuple[str, int, str]] = []
