@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import os
 import pathlib
 import shutil
 import statistics
@@ -186,22 +187,24 @@ def request_costs() -> list[str]:
     return lines
 
 
-def per_call(fn: Callable[[], object], *, repeat: int = 7, number: int = 0) -> float:
-    """Median seconds per call over ``repeat`` timings of ``number`` calls (auto-sized to ~0.1 s)."""
+def per_call(fn: Callable[[], object], *, repeat: int = 7, number: int = 0,
+             clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median seconds per call over ``repeat`` timings of ``number`` calls (auto-sized to ~0.1 s), on ``clock``
+    (wall time; ``time.process_time``: this process's CPU time, less moved by other load on a shared machine)."""
     if not number:
         number, elapsed = 1, 0.0
         while elapsed < 0.05:
-            start = time.perf_counter()
+            start = clock()
             for _ in range(number):
                 fn()
-            elapsed = time.perf_counter() - start
+            elapsed = clock() - start
             number *= 2
     timings = []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(number):
             fn()
-        timings.append((time.perf_counter() - start) / number)
+        timings.append((clock() - start) / number)
     return statistics.median(timings)
 
 
@@ -301,15 +304,19 @@ def stage_costs() -> list[str]:
 LEDGER_SHARDS = {"c4_span_corruption": (100_000, 100_000), "wiki_lm": (20_000, 20_000), "glue_cola": (2_000,)}
 
 
-def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], seed: int = 0) -> str:
+def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], seed: int = 0, *,
+                      compact: bool = True) -> str:
     """A complete cache version of ``task`` as the cache job lays it out: ``sum(counts)`` examples of
     ``len(counts)`` source shards, each record keyed by ``shuffle_key(seed, stable id)``, put in the shard
-    of its key range and sorted by key there, with the job's provenance features. Returns its fingerprint."""
+    of its key range and sorted by key there, with the job's provenance (``compact``: format 4's
+    ``provenance/origin``; else format 2's seqio-style features, as caches built before it hold). Returns its
+    fingerprint."""
     import hashlib
     import json
 
-    from taskdata.beam.pipeline import PROVENANCE
     from taskdata.cache.format import (
+        FORMAT,
+        FORMAT_SEQIO_PROVENANCE,
         Manifest,
         ShardEntry,
         SplitManifest,
@@ -318,11 +325,13 @@ def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], se
         offsets_name,
         shard_name,
     )
+    from taskdata.cache.provenance import ORIGIN, origin_info, origin_values
     from taskdata.cache.shuffle import shard_of_key, shuffle_key
     from taskdata.cache.tfrecord import TFRecordWriter, write_offsets
     from taskdata.example import encode_example
 
     version_dir = root / task / "v20260101T000000Z-ledger"
+    files = tuple(f"c4-train.{source:05d}-of-01024.json.gz" for source in range(len(counts)))
     (version_dir / "index").mkdir(parents=True, exist_ok=True)
     num_shards = len(counts)
     ids = [(source, ordinal) for source, count in enumerate(counts) for ordinal in range(count)]
@@ -344,19 +353,15 @@ def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], se
                 for feature, length in lengths.items():
                     stats_tokens[feature] += length
                     histograms[feature][length] = histograms[feature].get(length, 0) + 1
-                record = encode_example(
-                    {
-                        "inputs": rng.integers(1, 32_000, lengths["inputs"], dtype=np.int32),
-                        "targets": rng.integers(1, 32_000, lengths["targets"], dtype=np.int32),
-                        PROVENANCE + "task": task,
-                        PROVENANCE + "source_shard": f"c4-train.{source:05d}-of-01024.json.gz",
-                        PROVENANCE + "source_shard_index": [source],
-                        PROVENANCE + "index_within_shard": [ordinal],
-                        PROVENANCE + "preprocessors_seed": [seed],
-                        PROVENANCE + "source_first_document": [ordinal * 3],
-                        PROVENANCE + "source_last_document": [ordinal * 3 + 2],
-                    }
-                )
+                example = {
+                    "inputs": rng.integers(1, 32_000, lengths["inputs"], dtype=np.int32),
+                    "targets": rng.integers(1, 32_000, lengths["targets"], dtype=np.int32),
+                }
+                if compact:
+                    example[ORIGIN] = origin_values(source, ordinal, ordinal * 3, ordinal * 3 + 2)
+                else:
+                    example.update(seqio_style_provenance(task, files[source], source, ordinal, seed))
+                record = encode_example(example)
                 longest = max(longest, len(record))
                 writer.write(record)
             size = f.tell()
@@ -369,13 +374,16 @@ def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], se
             offsets_sha256=hashlib.sha256(sidecar).hexdigest(), max_record_bytes=longest,
         ))  # fmt: skip
     features = {name: {"dtype": "int32", "shape": [None]} for name in ("inputs", "targets")}
-    for key in ("task", "source_shard"):
-        features[PROVENANCE + key] = {"dtype": "string", "shape": []}
-    for key in ("source_shard_index", "index_within_shard", "source_first_document", "source_last_document"):
-        features[PROVENANCE + key] = {"dtype": "int32", "shape": []}
+    if compact:
+        features[ORIGIN] = origin_info(packed=False)
+    else:
+        for key, value in seqio_style_provenance(task, files[0], 0, 0, seed).items():
+            features[key] = {"dtype": "string" if isinstance(value, str) else "int32", "shape": []}
+    split = SplitManifest(tuple(entries), num_shards, {}, source_files=files if compact else None)
     manifest = Manifest(
         task=task, task_fingerprint=f"bench-{task}", fingerprints={}, seed=seed, taskdata_version="bench",
-        sequence_length={}, features=features, splits={"train": SplitManifest(tuple(entries), num_shards, {})},
+        sequence_length={}, features=features, splits={"train": split},
+        format=FORMAT if compact else FORMAT_SEQIO_PROVENANCE,
     )  # fmt: skip
     stats = {"examples": len(ids), "length_histograms": {k: sorted(v.items()) for k, v in histograms.items()}}
     for feature, total in stats_tokens.items():
@@ -389,23 +397,50 @@ def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], se
     return hashlib.sha256(data).hexdigest()
 
 
+def seqio_style_provenance(task: str, file: str, source: int, ordinal: int, seed: int) -> dict[str, object]:
+    """The provenance features of a format 2 record (what the cache job wrote before format 4)."""
+    return {
+        "provenance/task": task,
+        "provenance/source_shard": file,
+        "provenance/source_shard_index": [source],
+        "provenance/index_within_shard": [ordinal],
+        "provenance/preprocessors_seed": [seed],
+        "provenance/source_first_document": [ordinal * 3],
+        "provenance/source_last_document": [ordinal * 3 + 2],
+    }
+
+
 def ledger_costs(root: pathlib.Path) -> list[str]:
+    """The ledger and the summary over caches in format 4 (what the job writes) and, in the same run, format 2
+    (the seqio-style provenance caches built before it hold, which the ledger still reads)."""
+    lines = []
+    for compact in (True, False):
+        lines += _ledger_costs(root / ("format4" if compact else "format2"), compact)
+    return lines
+
+
+def _ledger_costs(root: pathlib.Path, compact: bool) -> list[str]:
+    from taskdata.cache.reader import CacheReader
     from taskdata.runs import example_ledger, open_views, step_ledger, summarize
 
-    caches = {}
+    caches, record_bytes = {}, []
     for task, counts in LEDGER_SHARDS.items():
-        fingerprint = write_keyed_cache(root, task, counts)
-        from taskdata.cache.reader import CacheReader
-
+        fingerprint = write_keyed_cache(root, task, counts, compact=compact)
         with CacheReader(str(root / task / "v20260101T000000Z-ledger")) as reader:
             caches[task] = TaskCache(fingerprint, reader.record_counts("train"))
+            split = reader.manifest.split("train")
+            record_bytes.append(sum(s.bytes for s in split.shards) / split.num_records)
     base = dataclasses.replace(request_plan(64), caches=caches)
     shapes = ", ".join(
         f"{t}: {len(c)} shard{'s' if len(c) > 1 else ''} of ~{sum(c) // len(c):,} records" for t, c in LEDGER_SHARDS.items()
     )
+    what = ("format 4 (provenance/origin; what the cache job writes)" if compact else
+            "format 2 (seqio-style provenance features, as caches built before format 4 hold)")
     lines = [
-        f"  - ledger and summary over caches in the job's format ({shapes}; span-corruption-sized records, "
-        "1.9 KB), global batch 2048, 8 data shards, files in the page cache, wall time, median of 7:"
+        f"  - ledger and summary over caches in {what} ({shapes}; span-corruption-sized records, "
+        f"{statistics.mean(record_bytes):,.0f} bytes framed), global batch 2048, 8 data shards, files in the page "
+        f"cache, wall time (and CPU time of this process), median of 7, load average {os.getloadavg()[0]:.1f} at the "
+        "start:"
     ]
     for count in (1, 100):
         plan = staged(base, count)
@@ -414,8 +449,11 @@ def ledger_costs(root: pathlib.Path) -> list[str]:
             for step in (10**6, 10**9):
                 step_ledger(plan, views, step)  # loads the offsets sidecars the step touches, once
                 whole = per_call(lambda s=step, p=plan, v=views: step_ledger(p, v, s), repeat=7)
+                whole_cpu = per_call(lambda s=step, p=plan, v=views: step_ledger(p, v, s), clock=time.process_time)
+                body = per_call(lambda s=step, p=plan, v=views: step_ledger(p, v, s).to_dict(), repeat=7)
                 host = per_call(lambda s=step, p=plan, v=views: step_ledger(p, v, s, host=3, num_hosts=8), repeat=7)
-                index_math = per_call(lambda s=step, p=plan: examples_at(p, p.positions(s)), repeat=7)
+                index_math = per_call(lambda s=step, p=plan: example_arrays(p, p.positions(s)), repeat=7)
+                read, decode = _read_and_decode(plan, views, step)
                 # Examples of the largest task: shards of 100,000 records.
                 largest = [e for e in step_ledger(plan, views, step).entries if e.task == "c4_span_corruption"]
                 entry = largest[0]
@@ -432,8 +470,10 @@ def ledger_costs(root: pathlib.Path) -> list[str]:
                 summary = per_call(lambda s=step, p=plan, v=views: summarize(p, v, s), repeat=7)
                 lines.append(
                     f"  - {count} stage{'s' if count > 1 else ''}, step {step:,}: ledger by step {whole * 1e3:.2f} ms "
-                    f"(2048 examples, of which the index math {index_math * 1e3:.2f} ms; the rest reads and "
-                    f"decodes each record's provenance), {host * 1e3:.2f} ms (one host's 256); ledger by example "
+                    f"({whole_cpu * 1e3:.2f} ms CPU) "
+                    f"(2048 examples: the index math {index_math * 1e3:.2f} ms, verified reads {read * 1e3:.2f} ms, "
+                    f"decoding the provenance {decode * 1e3:.2f} ms; with its JSON body, the entries as dicts, "
+                    f"{body * 1e3:.2f} ms), {host * 1e3:.2f} ms (one host's 256); ledger by example "
                     f"{example * 1e3:.2f} ms (its search by shuffle key {find * 1e3:.2f} ms: {probes:.1f} one-record "
                     f"reads on average over 200 {entry.task} examples of the step, a binary search takes {binary}; then its "
                     f"first 10 reads from the step and the count of its reads in the next 10^6 steps); summary "
@@ -443,6 +483,22 @@ def ledger_costs(root: pathlib.Path) -> list[str]:
             for view in views.values():
                 view.close()
     return lines
+
+
+def _read_and_decode(plan: RunPlan, views: dict, step: int) -> tuple[float, float]:
+    """Seconds (median of 7) the step ledger's verified reads take, and its decodes of the provenance."""
+    from taskdata.cache.provenance import provenance_spec
+
+    arrays = example_arrays(plan, plan.positions(step))
+    parts = []
+    for task in np.unique(arrays.tasks).tolist():
+        mine = arrays.tasks == task
+        view = views[plan.task_names[task]]
+        parts.append((view.reader, arrays.shards[mine], arrays.records[mine], provenance_spec(view.reader.manifest)))
+    read = per_call(lambda: [r.read_records("train", s, i) for r, s, i, _ in parts], repeat=7)
+    records = [r.read_records("train", s, i) for r, s, i, _ in parts]
+    decode = per_call(lambda: [r.decode(b, spec) for (r, _, _, spec), b in zip(parts, records, strict=True)], repeat=7)
+    return read, decode
 
 
 def _probes(view: object, ids: list[str]) -> float:
@@ -463,7 +519,9 @@ def write(lines: list[str], command: str) -> None:
     from _report import machine
 
     today = datetime.date.today().isoformat()
-    body = "\n".join([SECTION, f"- {today}, {machine()} (shared), `{command}`:", *lines, ""])
+    load = os.getloadavg()[0]
+    body = "\n".join([SECTION, f"- {today}, {machine()} (shared, load average {load:.1f} at the end), `{command}`:",
+                       *lines, ""])
     text = BENCHMARKS.read_text() if BENCHMARKS.exists() else "# Benchmarks\n"
     if SECTION in text:
         head, _, rest = text.partition(SECTION)

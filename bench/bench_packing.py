@@ -51,7 +51,7 @@ def packing_alone(shards: list[list[dict[str, np.ndarray]]], lengths: dict[str, 
     started = time.process_time()
     for examples in shards:
         entries = [encode_entry(e, list(lengths), "c4-train.00000-of-00004", 0, i) for i, e in enumerate(examples)]
-        pack_entries(entries, lengths, open_rows, TASK, 0)
+        pack_entries(entries, lengths, open_rows)
     return time.process_time() - started
 
 

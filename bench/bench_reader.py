@@ -14,7 +14,7 @@ taskdata's own writer, then reads it back, pinned to one core, in several ways:
   (batched, ragged) and the per-example ``parse_single_example`` map that seqio's cached reader uses.
 
 And the write side's encoder: ``encode_example`` on records shaped like the cache job's
-(``encode_cache_record``: the two token arrays plus seven provenance features), each record once and
+(``encode_cache_record``: the two token arrays plus ``provenance/origin``), each record once and
 a small set of records over and over (its arrays in the CPU cache, as right after preprocessing),
 against building and serializing a ``tf.train.Example`` with TensorFlow.
 
@@ -85,7 +85,7 @@ def write_version_files(directory: pathlib.Path, path: pathlib.Path, sidecar: by
     manifest = Manifest(
         task="bench", task_fingerprint="0" * 64, fingerprints={}, seed=0, taskdata_version="bench",
         sequence_length={}, features={name: {"dtype": dtype, "shape": [None]} for name, dtype in SPEC.items()},
-        splits={"train": SplitManifest(shards=(entry,), source_shards=1, counters={})},
+        splits={"train": SplitManifest(shards=(entry,), source_shards=1, counters={}, source_files=("bench",))},
     )
     data = manifest_bytes(manifest)
     (directory / "manifest.json").write_bytes(data)
@@ -108,13 +108,7 @@ def cache_job_rows(count: int, seed: int) -> list[dict[str, object]]:
         {
             "inputs": rng.integers(1, VOCAB, INPUTS, dtype=np.int32),
             "targets": rng.integers(1, VOCAB, TARGETS, dtype=np.int32),
-            "provenance/task": "c4_span_corruption",
-            "provenance/source_shard": "c4-train.00042-of-01024.json",
-            "provenance/source_shard_index": [42],
-            "provenance/index_within_shard": [i],
-            "provenance/preprocessors_seed": [seed],
-            "provenance/source_first_document": [3 * i],
-            "provenance/source_last_document": [3 * i + 2],
+            "provenance/origin": [42, i, 3 * i, 2],
         }
         for i in range(count)
     ]
@@ -299,7 +293,7 @@ def main() -> None:
     warm = rows[:256]
     encode = example_codec.encode_example
     seconds = best_cpu_seconds(lambda: [encode(r) for r in rows], args.repeats)
-    shape = f"inputs {INPUTS}, targets {TARGETS} int32 ids + 7 provenance features"
+    shape = f"inputs {INPUTS}, targets {TARGETS} int32 ids + provenance/origin"
     lines.append(
         f"encode_example, cache-job records ({shape}), {len(rows):,} records once each: "
         f"{len(rows) / seconds:,.0f} examples/s ({seconds * 1e6 / len(rows):.1f} us each)"

@@ -105,7 +105,7 @@ def write_cache(root: Path, task: str, num_shards: int) -> Path:
         taskdata_version="bench",
         sequence_length={},
         features={},
-        splits={"train": SplitManifest(tuple(entries), 1, {})},
+        splits={"train": SplitManifest(tuple(entries), 1, {}, source_files=("bench",))},
     )
     data = manifest_bytes(manifest)
     (version_dir / "manifest.json").write_bytes(data)

@@ -6,6 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from taskdata.beam.job import CacheJobError, CacheOptions, run_cache_job
@@ -49,6 +50,11 @@ def records_of(version_dir: str, split: str = "train") -> list[bytes]:
     return out
 
 
+def origins(example: dict) -> np.ndarray:
+    """A decoded record's provenance/origin as [examples, 4]: source shard, ordinal, first document, documents after it."""
+    return example["provenance/origin"].reshape(-1, 4)
+
+
 def content_hash(record: bytes) -> str:
     example = decode_example(record)
     return hashlib.sha256(bytes(example["inputs"].astype("<i8")) + b"|" + bytes(example["targets"].astype("<i8"))).hexdigest()
@@ -81,13 +87,15 @@ def test_cache_layout_is_seqio_compatible_and_complete(reference):
 def test_records_carry_provenance_back_to_the_source_document(reference):
     from tests.cache_tasks import synthetic_documents
 
+    files = reference.manifest.split("train").source_files
+    assert files == tuple(str(s) for s in range(6))  # FunctionSource's shard names, by source shard index
     for record in records_of(reference.version_dir)[:20]:
         example = decode_example(record)
-        shard = int(example["provenance/source_shard_index"][0])
-        index = int(example["provenance/index_within_shard"][0])
-        document = list(synthetic_documents("train", str(shard)))[int(example["provenance/source_first_document"][0])]
-        assert example["provenance/task"] == [b"toy_random"]
-        assert index == int(example["provenance/source_first_document"][0])  # one example per document
+        # Only the provenance/origin numbers: the task, seed and source file names are the manifest's.
+        assert [k for k in example if k.startswith("provenance/")] == ["provenance/origin"]
+        shard, index, first, more = example["provenance/origin"].tolist()
+        document = list(synthetic_documents("train", files[shard]))[first]
+        assert index == first and more == 0  # one example per document
         assert bytes((example["inputs"] - 3).astype("uint8")).decode() == document["text"][:8]
 
 
@@ -137,8 +145,8 @@ def test_global_order_is_sorted_by_shuffle_key(reference):
     keys = []
     for record in records_of(reference.version_dir):
         example = decode_example(record)
-        keys.append(shuffle_key(0, "toy_random", "train", int(example["provenance/source_shard_index"][0]),
-                                int(example["provenance/index_within_shard"][0])))
+        source_shard, ordinal = example["provenance/origin"][:2].tolist()
+        keys.append(shuffle_key(0, "toy_random", "train", source_shard, ordinal))
     assert keys == sorted(keys)
 
 
@@ -206,19 +214,15 @@ def test_duplicate_shuffle_keys_are_an_error(tmp_path):
     from taskdata.beam.pipeline import CacheJobSpec, encode_cache_record, write_output_shard
     from taskdata.beam.spill import SpillWriter
 
-    class FakeTask:
-        name = "toy_det"
-        output_features = FEATURES
-
     spec = CacheJobSpec(task="toy_det", task_fingerprint="x", modules=(), config=("/tmp", None, None), seed=0,
                         version_dir=str(tmp_path / "v"), tmp_dir=str(tmp_path / "v" / "_tmp"),
                         num_shards=(("train", 1),))
-    record = encode_cache_record(FakeTask(), {"inputs": [5], "targets": [6]}, "train", "s0", 0, 0, 0)
+    record = encode_cache_record({"inputs": [5], "targets": [6]}, 0, 0)
     spiller = SpillWriter(str(tmp_path / "spill"), 1)
     spiller.add(12345, record)
     spiller.add(12345, record)
     segments = [segment.to_tuple() for _, segment in spiller.close()]
-    with pytest.raises(RuntimeError, match=r"same shuffle key: toy_det/s0\(#0\)/0 and toy_det/s0\(#0\)/0"):
+    with pytest.raises(RuntimeError, match=r"same shuffle key: source shard 0, example 0 and source shard 0, example 0"):
         write_output_shard(spec, "train", 0, segments)
 
 

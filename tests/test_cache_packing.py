@@ -11,12 +11,19 @@ import numpy as np
 import pytest
 
 from taskdata.beam.job import CacheJobError
-from taskdata.cache.format import FORMAT, FORMAT_PACKED, CacheFormatError, Manifest, load_manifest
+from taskdata.cache.format import (
+    FORMAT,
+    FORMAT_PACKED,
+    FORMAT_SEQIO_PROVENANCE,
+    CacheFormatError,
+    Manifest,
+    load_manifest,
+)
 from taskdata.evaluation import CacheTargets
 from taskdata.example import decode_example
 from taskdata.example.packing import trim_to_length, unpack_row
 from tests.cache_tasks import PACKED_LENGTHS, SEQUENCE_LENGTHS
-from tests.test_cache_job import build, files_of, records_of
+from tests.test_cache_job import build, files_of, origins, records_of
 
 
 @pytest.fixture(autouse=True)
@@ -38,8 +45,7 @@ def examples_by_id(version_dir, split="train"):
     out = {}
     for record in records_of(version_dir, split):
         row = decode_example(record)
-        ids = list(zip(row["provenance/source_shard_index"].tolist(), row["provenance/index_within_shard"].tolist(),
-                       strict=True))
+        ids = [tuple(origin) for origin in origins(row)[:, :2].tolist()]
         parts = unpack_row(row, manifest.packed_features, len(ids)) if manifest.packing else [row]
         for key, part in zip(ids, parts, strict=True):
             assert key not in out, f"example {key} is stored twice"
@@ -63,8 +69,8 @@ def test_rows_are_full_length_t5x_rows_that_hold_several_examples(caches):
     _, packed = caches
     rows = [decode_example(r) for r in records_of(packed.version_dir)]
     for row in rows:
-        n = len(row["provenance/index_within_shard"])
-        assert len(row["provenance/source_shard"]) == n and row["provenance/task"] == [b"toy_packed"]
+        n = len(origins(row))
+        assert [k for k in row if k.startswith("provenance/")] == ["provenance/origin"]
         for key, length in PACKED_LENGTHS.items():
             tokens, ids, positions = row[key], row[f"{key}_segment_ids"], row[f"{key}_positions"]
             assert len(tokens) == len(ids) == len(positions) == length
@@ -72,13 +78,13 @@ def test_rows_are_full_length_t5x_rows_that_hold_several_examples(caches):
             assert ids.max() == n and (np.diff(ids[ids > 0]) >= 0).all()
             for s in range(1, n + 1):
                 assert positions[ids == s].tolist() == list(range(int((ids == s).sum())))
-    assert max(len(r["provenance/index_within_shard"]) for r in rows) > 2
+    assert max(len(origins(r)) for r in rows) > 2
 
 
 def test_the_manifest_counts_examples_rows_tokens_and_what_was_trimmed(caches):
     plain, packed = caches
     manifest = packed.manifest
-    assert manifest.to_json()["format"] == FORMAT_PACKED and plain.manifest.to_json()["format"] == FORMAT
+    assert manifest.to_json()["format"] == FORMAT == plain.manifest.to_json()["format"]
     assert manifest.packing == {"lengths": PACKED_LENGTHS, "open_rows": 16}
     examples = examples_by_id(plain.version_dir)
     too_long = [t for _, t in examples.values() if len(t) > PACKED_LENGTHS["targets"]]
@@ -98,10 +104,17 @@ def test_the_manifest_counts_examples_rows_tokens_and_what_was_trimmed(caches):
 def test_a_manifest_whose_format_does_not_match_its_packing_is_refused(caches):
     _, packed = caches
     data = packed.manifest.to_json()
+    old = {**data, "splits": {name: {k: v for k, v in split.items() if k != "source_files"}
+                              for name, split in data["splits"].items()}}
     with pytest.raises(CacheFormatError, match="format 'taskdata.cache/2' has no place for a packing section"):
-        Manifest.from_json({**data, "format": FORMAT})
+        Manifest.from_json({**old, "format": FORMAT_SEQIO_PROVENANCE})
     with pytest.raises(CacheFormatError, match="format 'taskdata.cache/3' needs a packing section"):
-        Manifest.from_json({k: v for k, v in data.items() if k != "packing"})
+        Manifest.from_json({k: v for k, v in old.items() if k != "packing"} | {"format": FORMAT_PACKED})
+    with pytest.raises(CacheFormatError, match="format 'taskdata.cache/3': every split has no place for a table"):
+        Manifest.from_json({**data, "format": FORMAT_PACKED})
+    with pytest.raises(CacheFormatError, match="format 'taskdata.cache/4': every split needs a table of source files"):
+        Manifest.from_json(old)
+    assert Manifest.from_json({**old, "format": FORMAT_PACKED}).format == FORMAT_PACKED
 
 
 def test_a_packed_rerun_is_byte_identical(caches, tmp_path):
@@ -121,8 +134,8 @@ def test_a_packed_multi_process_build_is_byte_identical(caches, tmp_path):
 def test_another_seed_packs_other_rows(caches, tmp_path):
     _, packed = caches
     other = build(tmp_path, task="toy_packed", seed=1, num_shards=3)
-    mine = {tuple(decode_example(r)["provenance/index_within_shard"].tolist()) for r in records_of(packed.version_dir)}
-    theirs = {tuple(decode_example(r)["provenance/index_within_shard"].tolist()) for r in records_of(other.version_dir)}
+    mine = {tuple(origins(decode_example(r))[:, 1].tolist()) for r in records_of(packed.version_dir)}
+    theirs = {tuple(origins(decode_example(r))[:, 1].tolist()) for r in records_of(other.version_dir)}
     assert mine != theirs
     assert len(mine & theirs) < len(mine) / 2
 
@@ -159,8 +172,7 @@ def test_eval_reads_every_example_of_a_packed_cache_by_its_id(caches):
 def test_an_unpacked_build_does_not_write_packing_results(caches):
     plain, _ = caches
     assert plain.manifest.packing is None and "packing/rows" not in plain.manifest.split("train").counters
-    assert collections.Counter(len(decode_example(r)["provenance/index_within_shard"])
-                               for r in records_of(plain.version_dir)) == {1: plain.manifest.split("train").num_records}
+    assert collections.Counter(len(origins(decode_example(r))) for r in records_of(plain.version_dir)) == {1: plain.manifest.split("train").num_records}
 
 
 def test_a_failed_packed_build_is_a_cache_job_error_not_a_partial_cache(tmp_path, monkeypatch):
@@ -223,8 +235,7 @@ def test_a_decoder_only_task_is_packed_in_the_lm_layout(caches, tmp_path):
                                                                        "targets_positions"}
     got = {}
     for row in rows:
-        ids = zip(row["provenance/source_shard_index"].tolist(), row["provenance/index_within_shard"].tolist(),
-                  strict=True)
-        for key, part in zip(ids, unpack_row(row, ["targets"], len(row["provenance/index_within_shard"])), strict=True):
+        ids = [tuple(origin) for origin in origins(row)[:, :2].tolist()]
+        for key, part in zip(ids, unpack_row(row, ["targets"], len(ids)), strict=True):
             got[key] = part["targets"].tolist()
     assert got == {key: trim_to_length(np.array(t), 128, 1).tolist() for key, (_, t) in examples_by_id(plain.version_dir).items()}

@@ -11,7 +11,9 @@ version bump, and say why in the commit):
   they hold the build time and a temporary path.
 
 History: cache format 2 (offsets sidecars list every record's data CRC) left the shard bytes as they
-were but changed every manifest, so the plan fingerprints in the ``/shards`` bodies changed.
+were but changed every manifest, so the plan fingerprints in the ``/shards`` bodies changed. Cache
+format 4 (compact provenance: one ``provenance/origin`` feature per record, source files in the
+manifest) changed the shard bytes, the manifests and the byte offsets in the bodies.
 """
 
 from __future__ import annotations
@@ -29,29 +31,33 @@ from taskdata.index import BatchSchedule, RunPlan, TaskCache
 from taskdata.runs import RunStore, StoredRun
 from tests.test_cache_job import build
 
+# Changed by issue 21 (cache format taskdata.cache/4): records carry one compact provenance/origin feature
+# instead of seqio-style provenance features, and the manifest lists each split's source files.
 SHARD_SHA256 = {
     "toy_det": [
-        "0828bc7b98ea203b3bab64af91fbad98c6cd59f90a33fa741989eb3188e1916d",
-        "a4a442db021b09709555a8a6e07e78e893fca64926b0d32d21c48e3de3dc466d",
-        "8858dbe6df67cbd023a182ea526acb82f40a983cddef6aca8e472fbe3bf08463",
+        "daeba9b5ec55b6e9324db4478a5c268f4231da40ab631a27489e4463996a354c",
+        "9a781315fc1becec730c0d7f0dfa68c8c5d42328898282886c84bb9f76ce848b",
+        "37f03778c27f138862312bf799dfea36cc62d598892f3de6d094bc623cbaa9cc",
     ],
     "toy_random": [
-        "f260bab576ee12cf62b504d3355ab53ff040a55972fc3a74597ff8e6fcbcb04e",
-        "934cbc7dfbb18bea53875f0320d950bfd79938e12ad22ed5746642424de68f5c",
-        "129f3dd8607fba7f928a4d1e303e41f97cbcca35ee8ec394f4d51522efd609d8",
+        "3f0f647ac35c70f9a59ca3b00dae70a31c14ce529884ee5eedbfca926bc404fa",
+        "1d035ef816aef10a8d8cdc1bb6337d3792b92fb6fa551ddc6b00e404cb43cd61",
+        "e88d14b8d06e4a4d21ce1d589abc04b0e81b7e091fe2c053188b58c78bba29f7",
     ],
 }
 
 # Changed twice by issue 15, each time for a stated reason: the plan fingerprint covers the run's split
 # (run format taskdata.run/2), and every manifest (so every pinned cache fingerprint) changed with cache
 # format taskdata.cache/2 (offsets sidecars hold each record's CRC). The shard bytes did not change.
+# Changed by issue 21 with cache format taskdata.cache/4: new manifests (so new cache fingerprints) and
+# smaller records (so other byte offsets). The records each step reads are the same.
 SHARDS_BODY_SHA256 = {
-    "0/ints": "f07fe536c78fcad742b0098493dde62231c9f95233ed651d194ff6adcb27412b",
-    "0/base64": "fe67c9476085e9113d734866b99d1849dbfe229afebdd9a4079686b0e9cb6de5",
-    "100/ints": "d0a9a5054e328e19ab1ef62ce0c8c85fadc489f15525e0bcbe9053a7c6d43013",
-    "100/base64": "1e389edb79a479aedc427f2b779821e8c837a8fc1fcdb303b58e47d875d6b268",
-    "1000000000000000/ints": "87fe656c4f75458ad321648f22dc89e3159c51b89ebd4ff9ba712af85e133cca",
-    "1000000000000000/base64": "12d2178017dcc6bff3808101e77ec5c9f16b1e80605e5558fe521d001f543b1d",
+    "0/ints": "e309e5489a5502ea09598ac9ce1674d8b0aae66f3a69d66f472c760c6670f612",
+    "0/base64": "ea5f1ef9b0b124771007ad0b48160b9087460cd7b70fa73e9c66b3c3064c9571",
+    "100/ints": "69d1cf91ce1f76f749cedee84ed05946f7743baa36f145bf5ea60165469ca7cf",
+    "100/base64": "5ef478b395dde629f717b04f3eec2b298d1306338c768057d59382c2c1e28d98",
+    "1000000000000000/ints": "e2441442944960792878751763de9d7cb6adc2181598eb119951de8feaa0258a",
+    "1000000000000000/base64": "a8d965b15c0b3ab124ffd08bd1ec66a9f6ca4bb98c1b56628ddbe128fadaaa8b",
 }
 
 

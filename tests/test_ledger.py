@@ -76,19 +76,13 @@ def test_a_step_ledger_lists_the_global_batch_with_each_records_own_provenance(p
     for entry in ledger.entries:
         assert entry.data_shard == (entry.position - positions.start) // per_shard
         example = whole_record(readers, plan, entry.task, entry.shard, entry.record)
-        expected_id = format_example_id(
-            entry.task,
-            plan.split,
-            int(example["provenance/source_shard_index"][0]),
-            int(example["provenance/index_within_shard"][0]),
-        )
-        assert entry.id == expected_id
-        assert entry.source_file == example["provenance/source_shard"][0].decode()
-        assert entry.documents == (
-            int(example["provenance/source_first_document"][0]),
-            int(example["provenance/source_last_document"][0]),
-        )
+        source_shard, ordinal, first, more = example["provenance/origin"].tolist()
+        assert entry.id == format_example_id(entry.task, plan.split, source_shard, ordinal)
+        assert entry.source_file == readers[entry.task].manifest.split(plan.split).source_files[source_shard]
+        assert entry.documents == (first, first + more)
     assert ledger.fingerprint == plan.fingerprint_before(step + 1)
+    # The JSON body is made from the columns directly: the entries' own dicts, in order.
+    assert ledger.to_dict()["examples"] == [entry.to_dict() for entry in ledger.entries]
     # A host's slice is its data shard's part of the global batch.
     host = step_ledger(plan, views, step, host=5, num_hosts=8)  # hosts 4 and 5 share data shard 2
     assert host.data_shard == 2 and host.entries == tuple(e for e in ledger.entries if e.data_shard == 2)
@@ -107,7 +101,7 @@ def test_a_step_ledger_refuses_half_a_host_and_a_host_count_that_does_not_fit(pl
 def test_every_record_is_found_by_its_stable_id(plan, views):
     for task, view in views.items():
         for shard, count in enumerate(view.record_counts):
-            ids = view.provenance(np.full(count, shard), np.arange(count))["id"]
+            ids = view.ids(np.full(count, shard), np.arange(count))
             for record, example_id in enumerate(ids):
                 assert view.find(example_id) == (shard, record)
                 _, split, source_shard, ordinal = parse_example_id(example_id)
@@ -141,7 +135,7 @@ def brute_reads(plan, task, shard, record, from_step, until_step):
 def test_an_example_ledger_lists_exactly_the_steps_that_read_it(plan, views, task):
     view = views[task]
     for shard, record in [(0, 0), (1, view.record_counts[1] - 1)]:
-        example_id = view.provenance(np.array([shard]), np.array([record]))["id"][0]
+        example_id = view.ids(np.array([shard]), np.array([record]))[0]
         expected = brute_reads(plan, task, shard, record, 3, 90)
         ledger = example_ledger(plan, views, example_id, from_step=3, until_step=90, limit=1000)
         got = [(r.epoch, r.step, r.position, r.data_shard, r.skipped) for r in ledger.reads]
@@ -154,7 +148,7 @@ def test_an_example_ledger_lists_exactly_the_steps_that_read_it(plan, views, tas
 
 def test_a_task_left_out_of_the_last_stage_is_read_no_more(plan, views):
     view = views["toy_det"]  # rate 0 from step 20 on
-    example_id = view.provenance(np.array([0]), np.array([0]))["id"][0]
+    example_id = view.ids(np.array([0]), np.array([0]))[0]
     ledger = example_ledger(plan, views, example_id, limit=1000)
     assert ledger.reads and ledger.reads[-1].step < 20 and not ledger.truncated and ledger.total is None
     everything = example_ledger(plan, views, example_id, until_step=10**15, limit=1000)

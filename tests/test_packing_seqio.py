@@ -13,7 +13,7 @@ from taskdata.example import decode_example
 from taskdata.example.packing import assemble_row, plan_rows, unpack_row
 from taskdata.seqio_bridge import add_cached_task, import_seqio
 from tests.cache_tasks import PACKED_LENGTHS
-from tests.test_cache_job import build, records_of
+from tests.test_cache_job import build, origins, records_of
 
 seqio = import_seqio()
 import tensorflow as tf  # noqa: E402  (after seqio, which import_seqio prepares)
@@ -39,7 +39,7 @@ def rows_and_examples(version_dir):
     out = []
     for record in records_of(version_dir):
         row = decode_example(record)
-        out.append((row, unpack_row(row, list(PACKED_LENGTHS), len(row["provenance/index_within_shard"]))))
+        out.append((row, unpack_row(row, list(PACKED_LENGTHS), len(origins(row)))))
     return out
 
 
@@ -95,6 +95,10 @@ def test_seqio_reads_a_packed_cache_as_already_packed_data(packed):
         np.testing.assert_array_equal(batch["decoder_input_tokens"][i][inside], row["targets"][inside - 1])
         assert batch["decoder_loss_weights"][i].sum() == (ids > 0).sum()
     assert segments > 4  # the rows hold several examples
+    # seqio parses each row's provenance as [examples, 4] (info: shape [None, 4]), one entry per segment.
+    stored = list(task.get_dataset(split="train", use_cached=True, shuffle=False).as_numpy_iterator())
+    assert all(r["provenance/origin"].shape == (r["targets_segment_ids"].max(), 4) for r in stored)
+    assert sorted(r["provenance/origin"].tolist() for r in stored) == sorted(origins(row).tolist() for row, _ in rows)
     kwargs["task_feature_lengths"] = {name: PACKED_LENGTHS[name.split("_")[0]] for name in LAYOUT}
     prepacked = next(seqio.get_dataset(task.name, feature_converter=seqio.PrePackedEncDecFeatureConverter(pack=False),
                                        **kwargs).as_numpy_iterator())

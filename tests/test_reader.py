@@ -90,6 +90,21 @@ def test_reader_works_without_tensorflow(cache):
     assert out.stdout.strip() == "5"
 
 
+def test_decode_records_decodes_in_place_what_read_records_reads(cache):
+    rng = np.random.default_rng(1)
+    shards = rng.integers(0, 3, 300)
+    with CacheReader(cache) as reader:
+        records = [int(rng.integers(0, reader.record_counts("train")[s])) for s in shards]  # repeats too
+        spec = feature_spec(reader.manifest, include_provenance=True)
+        expected = reader.decode(reader.read_records("train", shards, records), spec)
+        got = reader.decode_records("train", shards, records, spec)
+        assert sorted(got) == sorted(expected) == ["inputs", "provenance/origin", "targets"]
+        for name, feature in expected.items():
+            np.testing.assert_array_equal(got[name].row_splits, feature.row_splits)
+            np.testing.assert_array_equal(got[name].values, feature.values)
+        assert len(reader.decode_records("train", [], [], spec)["targets"]) == 0
+
+
 def test_corrupt_record_is_named_with_shard_record_and_offset(cache, tmp_path):
     import shutil
 
@@ -109,6 +124,9 @@ def test_corrupt_record_is_named_with_shard_record_and_offset(cache, tmp_path):
     assert str(path) in str(info.value)
     with pytest.raises(CorruptRecordError) as info:
         fresh.read_records("train", [1, 1, 0], [9, 4, 0])  # a scattered (gathered) read
+    assert (info.value.record_index, info.value.byte_offset) == (4, int(offsets[4]))
+    with pytest.raises(CorruptRecordError) as info:
+        fresh.decode_records("train", [0, 1, 1], [0, 9, 4])  # decoded in place: verified all the same
     assert (info.value.record_index, info.value.byte_offset) == (4, int(offsets[4]))
 
 

@@ -109,12 +109,12 @@ def test_bridged_cache_holds_exactly_the_examples_seqio_cache_tasks_writes(refer
         (seqio_dir / "stats.train.json").read_text())["examples"]
 
 
-def test_bridged_cache_is_ordered_by_taskdata_s_keys_with_seqio_s_provenance(reference):
+def test_bridged_cache_records_each_example_s_origin_and_the_task_seed_and_sources_once(reference):
     _, bridged = reference
-    first = decode_example(records_of(bridged.version_dir)[0])
-    assert first["provenance/task"] == [b"seqio_toy_lines"] and first["provenance/preprocessors_seed"] == [7]
-    assert first["provenance/source_shard"][0].startswith(b"train-0000")
+    source_shard, ordinal, first, more = decode_example(records_of(bridged.version_dir)[0])["provenance/origin"].tolist()
+    assert first == ordinal and more == 0  # a bridged task's "source documents" are its examples
     manifest = load_manifest(bridged.version_dir)
+    assert manifest.task == "seqio_toy_lines" and manifest.split("train").source_files[source_shard].startswith("train-0000")
     assert set(manifest.fingerprints) == {"task", "source", "preprocessors", "vocabularies", "output_features"}
     assert manifest.seed == 7 and manifest.split("train").source_shards == 3
 

@@ -45,8 +45,8 @@ def _key(example) -> tuple:
 def _stored(version_dir: str, split: str = "train") -> collections.Counter:
     """Every record of the shards, parsed with the info file's features as seqio declares them."""
     info = json.loads(Path(version_dir, f"info.{split}.json").read_text())
-    spec = {k: (tf.io.FixedLenSequenceFeature([], tf.int64, allow_missing=True) if v["shape"] == [None]
-                else tf.io.FixedLenFeature([], tf.string if v["dtype"] == "string" else tf.int64))
+    spec = {k: (tf.io.FixedLenSequenceFeature(v["shape"][1:], tf.int64, allow_missing=True) if v["shape"][:1] == [None]
+                else tf.io.FixedLenFeature(v["shape"], tf.string if v["dtype"] == "string" else tf.int64))
             for k, v in info["features"].items()}
     out = collections.Counter()
     for record in records_of(version_dir, split):
@@ -86,15 +86,21 @@ def test_seqio_reads_every_record_with_every_feature_and_its_stats_count(toy):
     version_dir, task = toy
     spec = task.get_dataset(split="train", use_cached=True, shuffle=False, sequence_length=None).element_spec
     # A valid seqio_version keeps int64 provenance int64 (an old or missing one makes seqio cast it to int32).
-    assert spec["provenance/preprocessors_seed"].dtype == tf.int64
-    assert spec["provenance/task"].dtype == tf.string and spec["targets"].dtype == tf.int32
+    assert spec["provenance/origin"].dtype == tf.int64 and spec["provenance/origin"].shape == [4]
+    assert spec["targets"].dtype == tf.int32 and not {k for k in spec if k.startswith("provenance/")} - {
+        "provenance/origin"}
     read = _read(task, shard_info=seqio.ShardInfo(0, 1))
     assert read == _stored(version_dir)
     assert sum(read.values()) == task.get_cached_stats("train")["examples"] == load_manifest(version_dir).split(
         "train").num_records
     assert _read(task, "validation") == _stored(version_dir, "validation")
-    example = next(task.get_dataset(split="train", use_cached=True, shuffle=False).as_numpy_iterator())
-    assert example["provenance/task"] == b"toy_random" and example["provenance/preprocessors_seed"] == 3
+    # Every example's stable id and source, as seqio reads them: the ids of exactly the cache's examples.
+    origins = [e["provenance/origin"].tolist() for e in task.get_dataset(
+        split="train", use_cached=True, shuffle=False).as_numpy_iterator()]
+    reader = CacheReader(version_dir)
+    from_cache = reader.decode([r for s, n in enumerate(reader.record_counts("train")) for r in reader.read("train", s, 0, n)],
+                               {"provenance/origin": "int64"})["provenance/origin"].values.reshape(-1, 4).tolist()
+    assert sorted(origins) == sorted(from_cache) and len({tuple(o[:2]) for o in origins}) == len(origins)
 
 
 @pytest.mark.parametrize("num_shards", [2, 3, 4])  # files round robin (2, 3) and example-level (4)

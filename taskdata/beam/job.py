@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from taskdata import fs
 from taskdata.cache.format import (
     CURRENT,
+    FORMAT,
     CacheFormatError,
     Manifest,
     ShardEntry,
@@ -129,6 +130,9 @@ def run_cache_job(options: CacheOptions, registry: Registry, log: Callable[[str]
         _point_current_at(root, reusable, log)
         log(f"[cache] reusing complete cache {reusable} (same task fingerprint {task_fingerprint[:12]}, "
             f"seed {options.seed}); pass --force to rebuild")
+        if manifest.format != FORMAT:
+            log(f"[cache] that version is cache format {manifest.format}: its records carry seqio-style provenance, "
+                f"~300 bytes per example more than format {FORMAT}'s; --force rebuilds it in {FORMAT}")
         return CacheResult(task.name, reusable, True, manifest, time.monotonic() - started)
 
     work: list[tuple[str, int, str]] = []
@@ -368,12 +372,14 @@ def _finalize(task: Task, spec: CacheJobSpec, splits: Sequence[str], num_shards:
         sources = task.source.list_shards(split)
         stats = FeatureStats()
         counters: dict[str, int] = {}
+        source_files = []  # the table that records' provenance/origin indexes (taskdata.cache.provenance)
         for index, path in enumerate(sources):
             result_path = source_result_path(spec.tmp_dir, split, index)
             if not fs.exists(result_path):
                 raise CacheJobError(f"Source shard {index} ({path}) of split {split!r} has no result: the "
                                     "pipeline did not process it. Nothing was committed; rerun the job.")
             result = read_json(result_path)
+            source_files.append(result["source_shard"])
             stats.merge(FeatureStats.from_json(result["stats"]))
             for key, value in result["counters"].items():
                 counters[key] = counters.get(key, 0) + int(value)
@@ -389,7 +395,8 @@ def _finalize(task: Task, spec: CacheJobSpec, splits: Sequence[str], num_shards:
             # The records are rows: seqio's files describe them; the counters say what they hold.
             rows = [read_json(packing_result_path(spec.tmp_dir, split, d)) for d in range(num_shards[split])]
             stats = _packed_split(split, rows, stats, counters)
-        split_manifest = SplitManifest(shards=tuple(shards), source_shards=len(sources), counters=counters)
+        split_manifest = SplitManifest(shards=tuple(shards), source_shards=len(sources), counters=counters,
+                                       source_files=tuple(source_files))
         if split_manifest.num_records != stats.examples:
             raise CacheJobError(
                 f"Split {split!r}: the shards hold {split_manifest.num_records} records but the source shards "

@@ -108,25 +108,24 @@ def _load_task(spec: CacheJobSpec) -> Task:
     return task
 
 
-PROVENANCE = "provenance/"
-
-
-def encode_cache_record(task: Task, example: Mapping[str, Any], split: str, source_shard: str,
-                        shard_index: int, ordinal: int, seed: int) -> bytes:
-    """The tf.train.Example of one final example plus seqio-style provenance features."""
+def encode_cache_record(example: Mapping[str, Any], shard_index: int, ordinal: int) -> bytes:
+    """The tf.train.Example of one final example plus its ``provenance/origin`` (taskdata.cache.provenance)."""
+    from taskdata.cache.provenance import ORIGIN
     from taskdata.example import encode_example
 
     features: dict[str, Any] = {k: v for k, v in example.items() if not k.startswith("_")}
+    features[ORIGIN] = example_origin(example, shard_index, ordinal)
+    return encode_example(features)
+
+
+def example_origin(example: Mapping[str, Any], shard_index: int, ordinal: int) -> list[int]:
+    """The provenance numbers of an example: its stable id and the source documents it was made from
+    (``_source_first``/``_source_last``, or the one ``_source_index``; a source without either: its ordinal)."""
+    from taskdata.cache.provenance import origin_values
+
     first = example.get("_source_first", example.get("_source_index", ordinal))
     last = example.get("_source_last", example.get("_source_index", ordinal))
-    features[PROVENANCE + "task"] = task.name
-    features[PROVENANCE + "source_shard"] = source_shard.rsplit("/", 1)[-1]
-    features[PROVENANCE + "source_shard_index"] = [shard_index]
-    features[PROVENANCE + "index_within_shard"] = [ordinal]
-    features[PROVENANCE + "preprocessors_seed"] = [seed]
-    features[PROVENANCE + "source_first_document"] = [int(first)]
-    features[PROVENANCE + "source_last_document"] = [int(last)]
-    return encode_example(features)
+    return origin_values(shard_index, ordinal, int(first), int(last))
 
 
 def feature_info(task: Task, example: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -146,11 +145,9 @@ def feature_info(task: Task, example: Mapping[str, Any]) -> dict[str, dict[str, 
             dtype = "string" if array.dtype.kind in "SUO" else str(array.dtype)
         # seqio's convention (beam_utils.GetInfo): the first dimension varies, the others are fixed.
         info[key] = {"dtype": dtype, "shape": [None, *array.shape[1:]] if array.ndim else []}
-    for key in ("task", "source_shard"):
-        info[PROVENANCE + key] = {"dtype": "string", "shape": []}
-    for key in ("source_shard_index", "index_within_shard", "source_first_document", "source_last_document"):
-        info[PROVENANCE + key] = {"dtype": "int32", "shape": []}
-    info[PROVENANCE + "preprocessors_seed"] = {"dtype": "int64", "shape": []}
+    from taskdata.cache.provenance import ORIGIN, origin_info
+
+    info[ORIGIN] = origin_info(packed=False)
     return dict(sorted(info.items()))
 
 
@@ -188,7 +185,7 @@ def preprocess_source_shard(spec: CacheJobSpec, split: str, shard_index: int, so
         keys = list(lengths)
     for ordinal, example in enumerate(examples):
         if task.packing is None:
-            record = encode_cache_record(task, example, split, source_shard, shard_index, ordinal, spec.seed)
+            record = encode_cache_record(example, shard_index, ordinal)
         else:  # the shard writer packs it with others into a row
             record = encode_entry(example, keys, source_shard, shard_index, ordinal)
         spiller.add(shuffle_key(spec.seed, task.name, split, shard_index, ordinal), record)
@@ -263,7 +260,7 @@ def write_output_shard(spec: CacheJobSpec, split: str, dest: int, segments: list
     if spec.packing_lengths is not None:
         from taskdata.beam.rows import pack_entries
 
-        packed = pack_entries(list(ordered), dict(spec.packing_lengths), spec.packing_open_rows, spec.task, spec.seed)
+        packed = pack_entries(list(ordered), dict(spec.packing_lengths), spec.packing_open_rows)
         fs.write_atomic(packing_result_path(spec.tmp_dir, split, dest), canonical_json(packed.result()).encode())
         ordered = iter(packed.rows)
     _write_shard_files(spec, split, dest, num_shards, ordered)
@@ -317,19 +314,12 @@ class _HashingFile:
 
 
 def _describe_record(record: bytes) -> str:
+    """``source shard/ordinal`` of a record, for errors."""
+    from taskdata.cache.provenance import ORIGIN
     from taskdata.example import decode_example
 
-    example = decode_example(record)
-
-    def get(key: str) -> Any:
-        value = example.get(PROVENANCE + key)
-        if value is None:
-            return "?"
-        first = value[0]
-        return first.decode() if isinstance(first, bytes) else int(first)
-
-    return (f"{get('task')}/{get('source_shard')}(#{get('source_shard_index')})/"
-            f"{get('index_within_shard')}")
+    origin = decode_example(record, (ORIGIN,)).get(ORIGIN)
+    return "?" if origin is None or len(origin) < 2 else f"source shard {int(origin[0])}, example {int(origin[1])}"
 
 
 class PreprocessShard(beam.DoFn):

@@ -2,9 +2,8 @@
 
 Runs after the global order is fixed, on one output shard's examples sorted by shuffle key, so the rows
 are a pure function of the seed and the stable ids, like everything else in the cache. A row carries
-the provenance of every example it holds, one list entry per segment (segment 1 first), so evaluation,
-the ledger and the batch log can still name examples; the task name and preprocessing seed stay one
-value (every example of a cache has the same).
+the provenance of every example it holds (``provenance/origin``: four numbers per segment, segment 1
+first), so evaluation, the ledger and the batch log can still name examples.
 
 Between the stages a packed task's example travels as a compact *entry*, not as a ``tf.train.Example``:
 its provenance numbers, its source shard's name and its token arrays, which the writer reads back with
@@ -19,18 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from taskdata.cache.provenance import ORIGIN, origin_info, origin_values
 from taskdata.cache.stats import FeatureStats
 from taskdata.example import encode_example
 from taskdata.example.packing import assemble_rows, packed_feature_names, plan_rows
 
-__all__ = ["PER_SEGMENT_PROVENANCE", "PackedShard", "describe_entry", "encode_entry", "pack_entries",
-           "packed_feature_info"]
+__all__ = ["PackedShard", "describe_entry", "encode_entry", "pack_entries", "packed_feature_info"]
 
-PROVENANCE = "provenance/"
-# Provenance features that name one example: a list with one entry per segment in a packed row.
-PER_SEGMENT_PROVENANCE = ("source_shard", "source_shard_index", "index_within_shard", "source_first_document",
-                          "source_last_document")
-_NUMBERS = PER_SEGMENT_PROVENANCE[1:]
 # source shard index, ordinal, first and last source document, length of the source shard's name.
 _HEADER = struct.Struct("<qqqqH")
 
@@ -40,6 +34,7 @@ def encode_entry(example: Mapping[str, Any], features: Sequence[str], source_sha
     """One example of a packed task as it travels to the shard writer: provenance, then each feature's tokens."""
     first = example.get("_source_first", example.get("_source_index", ordinal))
     last = example.get("_source_last", example.get("_source_index", ordinal))
+    origin_values(shard_index, ordinal, int(first), int(last))  # checks the document range where it is made
     name = source_shard.rsplit("/", 1)[-1].encode()
     arrays = [np.asarray(example[k], dtype="<i8") for k in features]
     sizes = struct.pack(f"<{len(features)}I", *(a.shape[0] for a in arrays))
@@ -92,24 +87,22 @@ class PackedShard:
         return {"examples": self.examples, "rows": len(self.rows), "tokens": self.tokens, "stats": self.stats.to_json()}
 
 
-def pack_entries(entries: Sequence[bytes], lengths: Mapping[str, int], open_rows: int, task: str,
-                 seed: int) -> PackedShard:
+def pack_entries(entries: Sequence[bytes], lengths: Mapping[str, int], open_rows: int) -> PackedShard:
     """Packs entries (``encode_entry``), in the order given, into encoded rows with their provenance."""
     keys = list(lengths)
-    numbers, names, tokens = _decode_entries(entries, keys)
+    numbers, _, tokens = _decode_entries(entries, keys)
     sizes = np.stack([np.diff(tokens[k][1]) for k in keys], axis=1) if entries else np.zeros((0, len(keys)), np.int64)
     plan = plan_rows(sizes, [lengths[k] for k in keys], open_rows)
     arrays = assemble_rows(tokens, plan, lengths)
     stats = FeatureStats()
     features = packed_feature_names(keys)
+    # provenance/origin per example: source shard, ordinal, first document, documents after the first.
+    origins = numbers.copy()
+    origins[:, 3] -= origins[:, 2]
     rows = []
     for r, members in enumerate(plan):
         row: dict[str, Any] = {name: arrays[name][r] for name in features}
-        row[PROVENANCE + "task"] = task
-        row[PROVENANCE + "preprocessors_seed"] = [seed]
-        row[PROVENANCE + "source_shard"] = [names[i] for i in members]
-        for column, name in enumerate(_NUMBERS):
-            row[PROVENANCE + name] = numbers[members, column]
+        row[ORIGIN] = origins[members].reshape(-1)
         rows.append(encode_example(row))
         stats.add(row, features)
     return PackedShard(rows, len(entries), {k: int(sizes[:, i].sum()) for i, k in enumerate(keys)}, stats)
@@ -121,6 +114,5 @@ def packed_feature_info(info: Mapping[str, Mapping[str, Any]], lengths: Mapping[
     for key in lengths:
         for suffix in ("_segment_ids", "_positions"):
             out[key + suffix] = {"dtype": "int32", "shape": [None]}
-    for name in PER_SEGMENT_PROVENANCE:
-        out[PROVENANCE + name] = {**out[PROVENANCE + name], "shape": [None]}
+    out[ORIGIN] = origin_info(packed=True)
     return dict(sorted(out.items()))

@@ -32,6 +32,7 @@ __all__ = [
     "CURRENT",
     "FORMAT",
     "FORMAT_PACKED",
+    "FORMAT_SEQIO_PROVENANCE",
     "CacheFormatError",
     "Manifest",
     "ShardEntry",
@@ -48,11 +49,17 @@ __all__ = [
 ]
 
 # 2: offsets sidecars hold every record's data CRC, so a reader proves each record is at its index.
-FORMAT = "taskdata.cache/2"
+# Records carry seqio-style provenance features (taskdata.cache.provenance). Read, no longer written.
+FORMAT_SEQIO_PROVENANCE = "taskdata.cache/2"
 # 3: format 2 plus a "packing" section: every record is a packed row of several examples
-# (taskdata.example.packing). Only packed caches are written as 3, so an unpacked cache keeps its bytes
-# and a reader that knows only format 2 refuses rows it would take for examples.
+# (taskdata.example.packing). Read, no longer written.
 FORMAT_PACKED = "taskdata.cache/3"
+# 4: what a cache job writes: compact provenance, one small int64 feature per record plus each split's
+# table of source files here ("source_files"), about a tenth of format 2's provenance bytes
+# (taskdata.cache.provenance); a "packing" section where the records are packed rows. A reader that knows
+# only formats 2 and 3 refuses it, as it would misread the provenance.
+FORMAT = "taskdata.cache/4"
+_FORMATS = (FORMAT_SEQIO_PROVENANCE, FORMAT_PACKED, FORMAT)
 MANIFEST = "manifest.json"
 COMPLETED = "COMPLETED"
 CURRENT = "CURRENT"
@@ -104,6 +111,14 @@ class SplitManifest:
     shards: tuple[ShardEntry, ...]
     source_shards: int
     counters: Mapping[str, int]
+    # The file name of every source shard, by source shard index (format 4; None in formats 2 and 3,
+    # whose records carry their source file's name).
+    source_files: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.source_files is not None and len(self.source_files) != self.source_shards:
+            raise CacheFormatError(f"A split of {self.source_shards} source shards lists {len(self.source_files)} "
+                                   "source files; it must list one per source shard.")
 
     @property
     def num_records(self) -> int:
@@ -132,11 +147,28 @@ class Manifest:
     splits: Mapping[str, SplitManifest]
     # {"lengths": {feature: row length}, "open_rows": n} for a cache of packed rows, else None.
     packing: Mapping[str, Any] | None = None
+    format: str = FORMAT
 
     def __post_init__(self) -> None:
         if self.packing is not None and (set(self.packing) != {"lengths", "open_rows"} or not self.packing["lengths"]):
             raise CacheFormatError(f"Cache of task {self.task!r}: packing must be {{'lengths': {{...}}, 'open_rows': n}} "
                                    f"but is {self.packing!r}.")
+        if self.format not in _FORMATS:
+            raise CacheFormatError(f"Cache of task {self.task!r}: format {self.format!r} is none of {list(_FORMATS)}.")
+        if self.format != FORMAT and (self.packing is not None) != (self.format == FORMAT_PACKED):
+            raise CacheFormatError(f"Cache of task {self.task!r}: format {self.format!r} "
+                                   f"{'needs' if self.packing is None else 'has no place for'} a packing section.")
+        tables = {name: split.source_files is not None for name, split in self.splits.items()}
+        if any(listed != self.compact_provenance for listed in tables.values()):
+            raise CacheFormatError(
+                f"Cache of task {self.task!r}, format {self.format!r}: every split "
+                f"{'needs' if self.compact_provenance else 'has no place for'} a table of source files "
+                f"(splits with one: {sorted(name for name, listed in tables.items() if listed)}).")
+
+    @property
+    def compact_provenance(self) -> bool:
+        """Whether records carry ``provenance/origin`` (format 4) rather than seqio-style features (2 and 3)."""
+        return self.format == FORMAT
 
     @property
     def packed_features(self) -> tuple[str, ...]:
@@ -145,7 +177,7 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         out = {
-            "format": FORMAT if self.packing is None else FORMAT_PACKED,
+            "format": self.format,
             "task": self.task,
             "task_fingerprint": self.task_fingerprint,
             "fingerprints": dict(self.fingerprints),
@@ -160,6 +192,7 @@ class Manifest:
                     "source_shards": split.source_shards,
                     "counters": dict(sorted(split.counters.items())),
                     "shards": [dataclasses.asdict(s) for s in split.shards],
+                    **({} if split.source_files is None else {"source_files": list(split.source_files)}),
                 }
                 for name, split in sorted(self.splits.items())
             },
@@ -170,19 +203,17 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], where: str = "manifest") -> Manifest:
-        if data.get("format") not in (FORMAT, FORMAT_PACKED):
+        if data.get("format") not in _FORMATS:
             raise CacheFormatError(
-                f"{where}: format is {data.get('format')!r}, expected {FORMAT!r} or {FORMAT_PACKED!r}: the version was "
+                f"{where}: format is {data.get('format')!r}, expected one of {list(_FORMATS)}: the version was "
                 f"built by another taskdata. Rebuild it with 'taskdata cache --task {data.get('task')} --force'.")
-        if (data.get("format") == FORMAT_PACKED) != ("packing" in data):
-            raise CacheFormatError(f"{where}: format {data.get('format')!r} "
-                                   f"{'needs' if 'packing' not in data else 'has no place for'} a packing section.")
         try:
             splits = {
                 name: SplitManifest(
                     shards=tuple(ShardEntry(**s) for s in split["shards"]),
                     source_shards=int(split["source_shards"]),
                     counters=dict(split["counters"]),
+                    source_files=tuple(split["source_files"]) if "source_files" in split else None,
                 )
                 for name, split in data["splits"].items()
             }
@@ -191,10 +222,12 @@ class Manifest:
                 fingerprints=dict(data["fingerprints"]), seed=int(data["seed"]),
                 taskdata_version=data["taskdata_version"], sequence_length=dict(data["sequence_length"]),
                 features=dict(data["features"]), splits=splits,
-                packing=dict(data["packing"]) if "packing" in data else None,
+                packing=dict(data["packing"]) if "packing" in data else None, format=data["format"],
             )
         except (KeyError, TypeError) as e:
             raise CacheFormatError(f"{where}: malformed manifest ({e!r}).") from e
+        except CacheFormatError as e:
+            raise CacheFormatError(f"{where}: {e}") from None
 
     def split(self, name: str) -> SplitManifest:
         try:

@@ -18,6 +18,7 @@ import numpy as np
 
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError, current_version, task_dir
+from taskdata.cache.provenance import provenance_spec, read_provenance
 from taskdata.define.features import Feature
 from taskdata.define.packing import Packing
 from taskdata.define.task import Task
@@ -149,19 +150,21 @@ class CacheTargets:
 
 def _cached_targets(reader: Any, task: str, split: str) -> Iterator[tuple[str, np.ndarray]]:
     """(example id, targets) of every example of a cache split, in cache order; a packed row's in segment order."""
-    packed = "targets" in reader.manifest.packed_features
-    spec = {"targets": "int32", "provenance/source_shard_index": "int64", "provenance/index_within_shard": "int64"}
+    manifest = reader.manifest
+    packed = "targets" in manifest.packed_features
+    spec = {"targets": "int32", **provenance_spec(manifest)}
     if packed:
         spec["targets_segment_ids"] = "int32"
     for shard, count in enumerate(reader.record_counts(split)):
         for first in range(0, count, _BATCH):
             n = min(_BATCH, count - first)
             decoded = reader.decode(reader.read(split, shard, first, n), spec)
-            for i in range(n):
-                row = {name: np.asarray(decoded[name].row(i)) for name in spec}
-                ordinals = row["provenance/index_within_shard"].tolist()
-                ids = zip(row["provenance/source_shard_index"].tolist(), ordinals, strict=True)
-                targets = ([segment["targets"] for segment in unpack_row(row, ["targets"], len(ordinals))]
+            found = read_provenance(manifest, split, decoded)
+            ids = iter(found.ids(task, split))
+            for i, segments in enumerate(found.examples_per_record.tolist()):
+                row = {name: np.asarray(decoded[name].row(i)) for name in ("targets", "targets_segment_ids")
+                       if name in decoded}
+                targets = ([segment["targets"] for segment in unpack_row(row, ["targets"], segments)]
                            if packed else [row["targets"]])
-                for (source_shard, ordinal), values in zip(ids, targets, strict=True):
-                    yield format_example_id(task, split, source_shard, ordinal), values
+                for values in targets:
+                    yield next(ids), values

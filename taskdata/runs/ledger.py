@@ -2,9 +2,11 @@
 
 By step: the index math gives every example of the step (or of one data shard's slice) as (task,
 epoch, cache shard, record), exactly what ``/shards`` hands out; reading each record's provenance
-features (written by the cache job: ``taskdata.beam.pipeline.encode_cache_record``) adds its stable id
-(task/split/source shard/ordinal), its source file and the range of source documents it was made from.
-That costs one verified read per example.
+(``taskdata.cache.provenance``: one small feature per record in format 4, seqio-style features in
+formats 2 and 3) adds its stable id (task/split/source shard/ordinal), its source file and the range of
+source documents it was made from. That costs one verified read per example, done per task as one
+gathered read and one decode of the provenance feature; the answer is kept as columns (``StepLedgerColumns``)
+and made into entries only when asked.
 
 By example: a stable id names no place in the cache, but its shuffle key (a keyed hash of the cache's
 seed and the id: ``taskdata.cache.shuffle``) names the shard (a key range), and inside the shard the
@@ -21,53 +23,45 @@ no spread of keys costs more than about three times the binary search. From the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError, find_version, list_versions, task_dir
+from taskdata.cache.provenance import Provenance, provenance_spec, read_provenance
 from taskdata.cache.reader import CacheReader
 from taskdata.cache.shuffle import shard_of_key, shuffle_key
-from taskdata.example import decode_example
+from taskdata.example import RaggedFeature, decode_example
 from taskdata.index import (
-    ExampleRef,
     Occurrence,
     PlanError,
     RunPlan,
+    example_arrays,
     examples_at,
+    fits_int64,
     host_slice_for,
     occurrences,
     reads_before,
     slice_positions,
 )
-from taskdata.seeding import parse_example_id
+from taskdata.seeding import format_example_id, parse_example_id
 
 __all__ = [
     "ExampleLedger",
     "LedgerEntry",
     "LedgerError",
     "StepLedger",
+    "StepLedgerColumns",
     "TaskCacheView",
     "example_ledger",
     "open_views",
     "step_ledger",
 ]
-
-_PROVENANCE = {
-    "provenance/source_shard": "string",
-    "provenance/source_shard_index": "int64",
-    "provenance/index_within_shard": "int64",
-    "provenance/source_first_document": "int64",
-    "provenance/source_last_document": "int64",
-}
-
-
-_ID_FEATURES = ("provenance/source_shard_index", "provenance/index_within_shard")
-
 
 class LedgerError(ValueError):
     """A ledger question that cannot be answered as asked (an unknown example id, another split...)."""
@@ -93,14 +87,10 @@ class TaskCacheView:
         self._byte_ranges = byte_ranges
         self._lock = threading.Lock()
         self._stats: dict[str, Any] | None = None
-        features = reader.manifest.features
-        self._spec = {name: dtype for name, dtype in _PROVENANCE.items() if name in features}
-        missing = {"provenance/source_shard_index", "provenance/index_within_shard"} - set(self._spec)
-        if missing:
-            raise LedgerError(
-                f"Cache {reader.version_dir} of task {self.task!r} has no provenance features {sorted(missing)}: it "
-                "was not built by taskdata's cache job. Rebuild it with 'taskdata cache'."
-            )
+        try:
+            self._spec = provenance_spec(reader.manifest)
+        except CacheFormatError as error:
+            raise LedgerError(f"{reader.version_dir}: {error}") from None
 
     @classmethod
     def open(cls, cache_root: str, task: str, fingerprint: str, split: str) -> TaskCacheView:
@@ -115,32 +105,23 @@ class TaskCacheView:
             )
         return cls(CacheReader(version_dir, expected_manifest_sha256=fingerprint), split)
 
-    def provenance(self, shards: np.ndarray, records: np.ndarray) -> dict[str, list[Any]]:
-        """Per record (in the order given), as columns: ``id`` (its stable id), ``source_file`` and
-        ``documents`` (first and last source document; None where the cache does not record them)."""
-        none = [None] * len(shards)
-        if not len(shards):
-            return {"id": [], "source_file": [], "documents": []}
+    def provenance(self, shards: np.ndarray, records: np.ndarray) -> Provenance:
+        """The provenance of the records at (``shards[i]``, ``records[i]``), in that order: one verified read
+        and one decode of the provenance features for all of them."""
+        self._refuse_packed()
         with self._lock:
-            decoded = self.reader.decode(self.reader.read_records(self.split, shards, records), self._spec)
-        # Provenance ids and document numbers are int64 features (arrays); source_shard is bytes (a list).
-        column: dict[str, Any] = {name: feature.values for name, feature in decoded.items()}
-        prefix = f"{self.task}/{self.split}/"
-        ids = [
-            f"{prefix}{source}/{ordinal}"
-            for source, ordinal in zip(
-                column["provenance/source_shard_index"].tolist(),
-                column["provenance/index_within_shard"].tolist(),
-                strict=True,
-            )
-        ]
-        files = column.get("provenance/source_shard")
-        first, last = column.get("provenance/source_first_document"), column.get("provenance/source_last_document")
-        return {
-            "id": ids,
-            "source_file": none if files is None else [name.decode() for name in files],
-            "documents": none if first is None or last is None else list(zip(first.tolist(), last.tolist(), strict=True)),
-        }
+            decoded = self.reader.decode_records(self.split, shards, records, self._spec)
+        return read_provenance(self.reader.manifest, self.split, decoded)
+
+    def ids(self, shards: np.ndarray, records: np.ndarray) -> list[str]:
+        """The stable ids of the records at (``shards[i]``, ``records[i]``)."""
+        return self.provenance(shards, records).ids(self.task, self.split)
+
+    def _refuse_packed(self) -> None:
+        if self.reader.manifest.packing is not None:
+            raise LedgerError(
+                f"Cache {self.reader.version_dir} of task {self.task!r} holds packed rows of several examples; the "
+                "ledger names one example per record. Ask it about a run over the task's unpacked cache.")
 
     def byte_lengths(self, shards: np.ndarray, records: np.ndarray) -> np.ndarray:
         """The framed size in bytes of each record (what a reader transfers for it)."""
@@ -174,6 +155,7 @@ class TaskCacheView:
                 f"Example {example_id!r} is of task {task!r}, split {split!r}; this cache is task {self.task!r}, "
                 f"split {self.split!r}."
             )
+        self._refuse_packed()
         key = shuffle_key(self.seed, task, split, source_shard, ordinal)
         num_shards = len(self.record_counts)
         shard = shard_of_key(key, num_shards)
@@ -205,15 +187,21 @@ class TaskCacheView:
         return shard, low
 
     def _key(self, shard: int, record: int) -> int:
-        # One record: the generic parser, reading these two features only, is ~30x cheaper than a batch decode.
-        decoded = decode_example(self.reader.read(self.split, shard, record, 1)[0], _ID_FEATURES)
-        source_shard = int(decoded["provenance/source_shard_index"][0])
-        ordinal = int(decoded["provenance/index_within_shard"][0])
-        return shuffle_key(self.seed, self.task, self.split, source_shard, ordinal)
+        # One record: the generic parser, reading the provenance features only, is ~30x cheaper than a batch decode.
+        record_bytes = self.reader.read(self.split, shard, record, 1)[0]
+        example = decode_example(record_bytes, tuple(self._spec))
+        decoded = {name: _one_row(example[name]) for name in self._spec if name in example}
+        found = read_provenance(self.reader.manifest, self.split, decoded)
+        return shuffle_key(self.seed, self.task, self.split, int(found.source_shard[0]), int(found.ordinal[0]))
 
     def close(self) -> None:
         with self._lock:
             self.reader.close()
+
+
+def _one_row(values: Any) -> RaggedFeature:
+    """One record's values of a feature (``decode_example``'s) as the batch decoder gives them."""
+    return RaggedFeature(values, np.array([0, len(values)], np.int64))
 
 
 def open_views(plan: RunPlan, cache_root: str) -> dict[str, TaskCacheView]:
@@ -250,11 +238,54 @@ class LedgerEntry:
         return out
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
+class StepLedgerColumns:
+    """The examples of a step, as columns of one entry per example in batch order (what ``LedgerEntry`` holds).
+
+    ``tasks`` indexes ``task_names``; a document range is ``-1, -1`` where the cache does not record it.
+    """
+
+    task_names: tuple[str, ...]
+    split: str
+    positions: np.ndarray
+    data_shards: np.ndarray
+    tasks: np.ndarray
+    epochs: np.ndarray
+    indices: np.ndarray
+    shards: np.ndarray
+    records: np.ndarray
+    source_shards: np.ndarray
+    ordinals: np.ndarray
+    source_files: np.ndarray  # object: str
+    first_documents: np.ndarray
+    last_documents: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        """Each example's (position, data shard, task, epoch, index, shard, record, id, source file, documents)."""
+        names = np.asarray(self.task_names, dtype=object)[self.tasks].tolist()
+        split = self.split
+        ids = [format_example_id(task, split, s, o) for task, s, o in
+               zip(names, self.source_shards.tolist(), self.ordinals.tolist(), strict=True)]
+        documents = [None if first < 0 else (first, last) for first, last in
+                     zip(self.first_documents.tolist(), self.last_documents.tolist(), strict=True)]
+        return list(zip(self.positions.tolist(), self.data_shards.tolist(), names, self.epochs.tolist(),
+                        self.indices.tolist(), self.shards.tolist(), self.records.tolist(), ids,
+                        self.source_files.tolist(), documents, strict=True))
+
+
+_ENTRY_KEYS = ("position", "data_shard", "task", "epoch", "index", "shard", "record", "id", "source_file", "documents")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class StepLedger:
     """The examples of ``step`` (of one data shard's slice, or of the whole global batch), in order.
 
     A skipped step delivers nothing; its entries are the examples its positions hold, never delivered.
+    ``columns`` holds them as arrays; ``entries`` (made on first use) as one ``LedgerEntry`` each. Ledgers
+    compare by identity: compare their ``entries`` (or ``to_dict()``) to compare contents.
     """
 
     run: str
@@ -266,9 +297,17 @@ class StepLedger:
     data_shard: int | None
     num_data_shards: int
     positions: range
-    entries: tuple[LedgerEntry, ...]
+    columns: StepLedgerColumns = dataclasses.field(repr=False)
+
+    @functools.cached_property
+    def entries(self) -> tuple[LedgerEntry, ...]:
+        return tuple(LedgerEntry(*row) for row in self.columns.rows())
 
     def to_dict(self) -> dict[str, Any]:
+        examples = [dict(zip(_ENTRY_KEYS, row, strict=True)) for row in self.columns.rows()]
+        for example in examples:
+            if example["documents"] is not None:
+                example["documents"] = list(example["documents"])
         return {
             "run": self.run,
             "fingerprint": self.fingerprint,
@@ -279,7 +318,7 @@ class StepLedger:
             "data_shard": self.data_shard,
             "num_data_shards": self.num_data_shards,
             "positions": {"start": self.positions.start, "stop": self.positions.stop},
-            "examples": [entry.to_dict() for entry in self.entries],
+            "examples": examples,
         }
 
 
@@ -306,8 +345,6 @@ def step_ledger(
             positions = slice_positions(plan, step, index, count)
     except PlanError as error:
         raise LedgerError(f"Run {plan.name!r}: {error}") from None
-    examples = examples_at(plan, positions)
-    step_start = plan.first_position(step)
     per_shard = plan.batch_size(step) // plan.num_data_shards
     return StepLedger(
         run=plan.name,
@@ -319,29 +356,40 @@ def step_ledger(
         data_shard=data_shard,
         num_data_shards=plan.num_data_shards,
         positions=positions,
-        entries=_entries(examples, views, step_start, per_shard),
+        columns=_columns(plan, views, positions, plan.first_position(step), per_shard),
     )
 
 
-def _entries(
-    examples: Sequence[ExampleRef], views: Mapping[str, TaskCacheView], step_start: int, per_shard: int
-) -> tuple[LedgerEntry, ...]:
-    tasks = np.array([e.task for e in examples], object)
-    shards = np.array([e.shard for e in examples], np.int64)
-    records = np.array([e.record for e in examples], np.int64)
-    ids: list[Any] = [None] * len(examples)
-    files, documents = list(ids), list(ids)
-    for task in dict.fromkeys(tasks.tolist()):
-        mine = np.flatnonzero(tasks == task).tolist()
-        found = views[task].provenance(shards[mine], records[mine])
-        for i, example_id, file, span in zip(mine, found["id"], found["source_file"], found["documents"], strict=True):
-            ids[i], files[i], documents[i] = example_id, file, span
-    return tuple(
-        LedgerEntry(
-            e.position, (e.position - step_start) // per_shard, e.task, e.epoch, e.index, e.shard, e.record,
-            example_id, file, span,
-        )
-        for e, example_id, file, span in zip(examples, ids, files, documents, strict=True)
+def _columns(plan: RunPlan, views: Mapping[str, TaskCacheView], positions: range, step_start: int,
+             per_shard: int) -> StepLedgerColumns:
+    """The ledger's columns: the index math as arrays, then each task's provenance in one read and decode."""
+    if fits_int64(plan, positions):
+        arrays = example_arrays(plan, positions)
+        tasks, epochs, indices, shards, records = arrays.tasks, arrays.epochs, arrays.indices, arrays.shards, arrays.records
+        position = np.arange(positions.start, positions.stop, dtype=np.int64)
+        data_shards = (position - step_start) // per_shard
+    else:  # beyond int64 (positions past 2**63, or as many records): the exact scalar chain, in Python ints
+        refs = examples_at(plan, positions)
+        numbers = {name: i for i, name in enumerate(plan.task_names)}
+        tasks = np.array([numbers[e.task] for e in refs], np.int64)
+        epochs, indices = (np.array([getattr(e, f) for e in refs], object) for f in ("epoch", "index"))
+        shards, records = (np.array([getattr(e, f) for e in refs], np.int64) for f in ("shard", "record"))
+        position = np.array(list(positions), object)
+        data_shards = np.array([(p - step_start) // per_shard for p in positions], np.int64)
+    n = len(tasks)
+    source_shards, ordinals = np.empty(n, np.int64), np.empty(n, np.int64)
+    first, last = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    files = np.empty(n, object)
+    for task in np.unique(tasks).tolist():
+        mine = np.flatnonzero(tasks == task)
+        found = views[plan.task_names[task]].provenance(shards[mine], records[mine])
+        source_shards[mine], ordinals[mine], files[mine] = found.source_shard, found.ordinal, found.source_file
+        if found.first_document is not None and found.last_document is not None:
+            first[mine], last[mine] = found.first_document, found.last_document
+    return StepLedgerColumns(
+        task_names=tuple(plan.task_names), split=plan.split, positions=position, data_shards=data_shards,
+        tasks=tasks, epochs=epochs, indices=indices, shards=shards, records=records, source_shards=source_shards,
+        ordinals=ordinals, source_files=files, first_documents=first, last_documents=last,
     )
 
 

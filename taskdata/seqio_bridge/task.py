@@ -11,8 +11,8 @@ What seqio runs after the placeholder runs when seqio reads its cache, with a ne
 serves cached examples as they are, so a task with such preprocessors is refused, saying how to move them.
 
 The examples a source shard yields are the seqio source's records after those preprocessors: for the
-provenance features, a bridged task's "source documents" are these examples (seqio does not track which
-input record an output came from), so ``provenance/source_first_document`` is the example's position.
+provenance (``taskdata.cache.provenance``), a bridged task's "source documents" are these examples (seqio
+does not track which input record an output came from), so an example's first source document is its position.
 """
 
 from __future__ import annotations

@@ -28,12 +28,12 @@ import numpy as np
 
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError
+from taskdata.cache.provenance import provenance_spec, read_provenance
 from taskdata.cache.reader import CacheReader
 from taskdata.define.registry import Registry
 from taskdata.define.task import Task
 from taskdata.define.vocabularies import Vocabulary
 from taskdata.example import pad_features
-from taskdata.seeding import format_example_id
 from trainer_client.assignments import AssignmentError, AssignmentSource, HostSlice
 from trainer_client.example.model import ModelConfig, _decoder_hidden, _logits, decoder_logits, encode
 
@@ -48,7 +48,6 @@ __all__ = [
     "write_predictions",
 ]
 
-_PROVENANCE = ("provenance/source_shard_index", "provenance/index_within_shard")
 _DECODE_BATCH = 32  # rows per compiled decode call; the last batch is padded, so one shape compiles
 _SCAN_WINDOW = 16
 _SCAN_STEPS = 1024
@@ -106,7 +105,8 @@ def first_examples(
             f"Cache {reader.version_dir} of task {reader.task!r} holds packed rows of several examples; predictions "
             "decode one example per record. Predict from an unpacked cache of the task (built without --pack, or "
             "the task's unpacked variant).")
-    missing = [name for name in ("inputs", *_PROVENANCE) if name not in reader.manifest.features]
+    provenance = provenance_spec(reader.manifest)  # says what is missing if the cache has no provenance
+    missing = [name for name in ("inputs", *provenance) if name not in reader.manifest.features]
     if missing:
         raise CacheFormatError(
             f"Cache {reader.version_dir} of task {reader.task!r} has no features {missing}; predictions need "
@@ -118,14 +118,8 @@ def first_examples(
         if take <= 0:
             break
         records += reader.read(split, shard, 0, take)
-    spec = {"inputs": "int32", **{name: "int64" for name in _PROVENANCE}}
-    decoded = reader.decode(records, spec)
-    shards = np.asarray(decoded[_PROVENANCE[0]].values)
-    ordinals = np.asarray(decoded[_PROVENANCE[1]].values)
-    ids = [
-        format_example_id(reader.task, split, int(s), int(o))
-        for s, o in zip(shards.tolist(), ordinals.tolist(), strict=True)
-    ]
+    decoded = reader.decode(records, {"inputs": "int32", **provenance})
+    ids = read_provenance(reader.manifest, split, decoded).ids(reader.task, split)
     try:
         inputs = pad_features(decoded, {"inputs": inputs_length})["inputs"]
     except ValueError as error:
