@@ -16,7 +16,7 @@ process tree. Figures are medians over the rounds; the ratio is job / floor. The
 is recorded around every run (the machine is shared). The caches of every mode and round must be
 byte-identical (their manifests' shard digests are compared), or the bench fails.
 
-    PYTHONPATH=. python bench/bench_job_floor.py --sizes 20000 100000 --rounds 3 [--write]
+    PYTHONPATH=. python bench/bench_job_floor.py --sizes 20000 100000 --rounds 3 [--baseline DIR] [--write]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -90,9 +91,10 @@ def run_floor(corpus_dir: str, workers: int, vocab: str) -> dict:
     return {**run, **json.loads(run["stdout"].strip().splitlines()[-1])}
 
 
-def run_job(corpus_dir: str, output: str, beam_args: list[str], vocab: str) -> dict:
+def run_job(corpus_dir: str, output: str, beam_args: list[str], vocab: str, source: str) -> dict:
+    """The job of the taskdata source tree ``source`` (this one, or a --baseline checkout)."""
     shutil.rmtree(output, ignore_errors=True)
-    env = dict(os.environ, TASKDATA_VOCAB=vocab, PYTHONPATH=os.getcwd())
+    env = dict(os.environ, TASKDATA_VOCAB=vocab, PYTHONPATH=source)
     command = [sys.executable, "-m", "taskdata", "cache", "--task", "c4_span_corruption", "--c4-dir", corpus_dir,
                "--output", output, "--force", "--quiet", "--", *beam_args]
     run = run_measured(command, env, what="cache job")
@@ -112,6 +114,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[20000, 100000])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--baseline", help="also run the job of this taskdata source tree (e.g. an earlier commit "
+                        "from 'git archive COMMIT | tar -x -C DIR') in every round, as 'before'")
     parser.add_argument("--write", action="store_true", help="write the figures into BENCHMARKS.md")
     args = parser.parse_args()
     if args.write and (args.modes != list(MODES) or sorted(args.sizes) != [20000, 100000]):
@@ -130,39 +134,53 @@ def main() -> None:
                 beam_args = MODES[mode]
                 workers = 2 if beam_args else 1
                 # Alternate which of the pair runs first, so that neither always gets the quieter moment.
-                order = ["floor", "job"] if round_ % 2 == 0 else ["job", "floor"]
+                order = ["floor", "job"] + (["before"] if args.baseline else [])
+                order = order if round_ % 2 == 0 else order[::-1]
                 for kind in order:
+                    usage = resource.getrusage(resource.RUSAGE_SELF)
                     if kind == "floor":
                         result = run_floor(dirs[size], workers, vocab)
                     else:
-                        result = run_job(dirs[size], os.path.join(OUT, f"floor-cache-{size}"), beam_args, vocab)
+                        source = os.getcwd() if kind == "job" else args.baseline
+                        result = run_job(dirs[size], os.path.join(OUT, f"floor-cache-{size}"), beam_args, vocab, source)
+                    after = resource.getrusage(resource.RUSAGE_SELF)
+                    # The RSS sampler runs in this process, beside the measured one: its CPU is reported.
+                    result["own_cpu"] = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
                     result["load"] = os.getloadavg()[0]
                     loads.append(result["load"])
                     runs.setdefault((size, mode, kind), []).append(result)
                     print(f"round {round_ + 1} {size} {mode} {kind}: wall {result['seconds']:.2f} s, CPU "
                           f"{result['cpu']:.2f} s, peak RSS {result['peak_tree_rss'] / 2**20:,.0f} MB, "
                           f"load {result['load']:.2f}", flush=True)
-    digests = {r["digests"] for (size, _, kind), rs in runs.items() if kind == "job" for r in rs}
+    digests = {r["digests"] for (size, _, kind), rs in runs.items() if kind != "floor" for r in rs}
     if len(digests) != len(args.sizes):
         raise SystemExit(f"the caches of one corpus differ between modes or rounds: {len(digests)} distinct sets "
                          f"of shard digests for {len(args.sizes)} corpus sizes")
     lines = []
     for size in args.sizes:
-        floor_docs = runs[size, "in-process", "floor"][0]
+        floor_docs = runs[size, args.modes[0], "floor"][0]
         lines.append(f"{floor_docs['documents']:,} documents ({size:,} train), {floor_docs['tokens']:,} source "
-                     f"tokens, {runs[size, 'in-process', 'job'][0]['examples']:,} examples; caches of both modes "
-                     "and every round byte-identical")
+                     f"tokens, {runs[size, args.modes[0], 'job'][0]['examples']:,} examples; caches of "
+                     f"{' and '.join(args.modes)}{' and before' if args.baseline else ''} in every round "
+                     "byte-identical")
         for mode in args.modes:
+            kinds = ("floor", "job", "before") if args.baseline else ("floor", "job")
             med = {kind: {key: statistics.median(r[key] for r in runs[size, mode, kind])
-                          for key in ("seconds", "cpu", "peak_tree_rss")} for kind in ("floor", "job")}
+                          for key in ("seconds", "cpu", "peak_tree_rss")} for kind in kinds}
             ratio = med["job"]["seconds"] / med["floor"]["seconds"]
-            walls = {kind: ", ".join(f"{r['seconds']:.1f}" for r in runs[size, mode, kind]) for kind in ("floor", "job")}
+            walls = {kind: ", ".join(f"{r['seconds']:.1f}" for r in runs[size, mode, kind]) for kind in kinds}
             lines.append(
                 f"{mode}: job {med['job']['seconds']:.2f} s wall, {med['job']['cpu']:.2f} CPU-s, peak RSS "
                 f"{med['job']['peak_tree_rss'] / 2**20:,.0f} MB; floor {med['floor']['seconds']:.2f} s wall, "
                 f"{med['floor']['cpu']:.2f} CPU-s, {med['floor']['peak_tree_rss'] / 2**20:,.0f} MB; job/floor "
                 f"{ratio:.2f}x wall, {med['job']['cpu'] / med['floor']['cpu']:.2f}x CPU (target <= {TARGET}x: "
-                f"{'met' if ratio <= TARGET else 'NOT met'}); walls: job {walls['job']}, floor {walls['floor']}")
+                f"{'met' if ratio <= TARGET else 'NOT met'}); walls: job {walls['job']}, floor {walls['floor']}"
+                + (f"; before ({args.baseline}): {med['before']['seconds']:.2f} s wall, {med['before']['cpu']:.2f} "
+                   f"CPU-s = {med['before']['seconds'] / med['floor']['seconds']:.2f}x wall, "
+                   f"{med['before']['cpu'] / med['floor']['cpu']:.2f}x CPU, walls {walls['before']}"
+                   if args.baseline else ""))
+    own = [r["own_cpu"] / r["seconds"] for rs in runs.values() for r in rs]
+    lines.append(f"the bench's own RSS sampling used at most {max(own):.0%} of a core during a run")
     lines.append(f"medians of {args.rounds} alternating rounds; 1-minute load average (2 cores shared with other "
                  f"work) before and after each run: {', '.join(f'{x:.1f}' for x in loads)}")
     print("\n".join(lines))
