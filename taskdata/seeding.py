@@ -19,6 +19,7 @@ __all__ = [
     "example_rng",
     "format_example_id",
     "parse_example_id",
+    "seed_hasher",
     "stable_id_bytes",
 ]
 
@@ -47,11 +48,15 @@ def stable_id_bytes(*parts: str | int) -> bytes:
 
 def derive_seed(seed: int, *parts: str | int) -> int:
     """A 64-bit value that is a keyed hash of (seed, parts): the same everywhere, for any process."""
+    return struct.unpack("<Q", seed_hasher(seed, *parts).digest())[0]
+
+
+def seed_hasher(seed: int, *parts: str | int) -> hashlib.blake2b:
+    """``derive_seed``'s keyed hash with ``parts`` fed in. The id's bytes are its parts' bytes in a row, so
+    a copy updated with ``stable_id_bytes(*more)`` digests to ``derive_seed(seed, *parts, *more)``: ids that
+    share a prefix (every example of a source shard) need not hash it again."""
     check_seed(seed)
-    digest = hashlib.blake2b(
-        stable_id_bytes(*parts), digest_size=8, key=struct.pack("<Q", seed), person=b"taskdata"
-    ).digest()
-    return struct.unpack("<Q", digest)[0]
+    return hashlib.blake2b(stable_id_bytes(*parts), digest_size=8, key=struct.pack("<Q", seed), person=b"taskdata")
 
 
 def example_rng(seed: int, *parts: str | int) -> np.random.Generator:

@@ -312,6 +312,21 @@ def test_every_varint_path_writes_protobufs_varints(values):
     )
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(EDGES), st.integers(INT64.min, INT64.max), st.integers(0, 2**20)),
+                min_size=1, max_size=12))
+def test_short_lists_of_python_ints_encode_like_the_reference(values):
+    # Up to encode._SHORT_LIST ints take a path without numpy (provenance numbers); longer ones the arrays'.
+    for features in ({"ids": values}, {"ids": values, "provenance/origin": values[:4], "tokens": np.array(values)}):
+        assert example_codec.encode_example(features) == _reference_encode(features)
+
+
+def test_short_lists_out_of_int64_or_of_bools_take_the_general_path():
+    with pytest.raises(ValueError, match="'ids': a value does not fit int64"):
+        example_codec.encode_example({"ids": [1, 2**63]})
+    assert example_codec.encode_example({"b": [True, False, True]}) == _reference_encode({"b": [1, 0, 1]})
+
+
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 128, 129, 0x3FFC, 0x3FFD, 0x3FFE, 0x4000, 0x4001])
 def test_length_prefixes_of_every_width_match_the_reference(size):
     # Sizes around the one- and two-byte lengths of the Feature's list and its packed field.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
+
 import numpy as np
 import pytest
 
@@ -80,6 +83,56 @@ def test_tokenize_in_batches_equals_one_by_one_with_sentencepiece(tiny_sp_model)
     batched = run(Tokenize(batch_size=16), ctx, [{"targets": t} for t in texts])
     assert [e["targets"].tolist() for e in batched] == [vocabulary.encode(t).tolist() for t in texts]
     assert fingerprint(Tokenize(batch_size=16)) == fingerprint(Tokenize())  # speed only, same output
+
+
+def test_tokenize_encodes_empty_texts_like_any_other_text(tiny_sp_model):
+    # Empty texts are encoded once per batch (T5's objectives Rekey "inputs" to ""); the output is the same.
+    vocabulary = SentencePieceVocabulary(tiny_sp_model)
+    ctx = context(features={"inputs": Feature(vocabulary), "targets": Feature(vocabulary)})
+    texts = ["", "the quick brown fox", "", "", "over the lazy dog", "", "a", ""]
+    examples = [{"inputs": "", "targets": t, "_source_index": i} for i, t in enumerate(texts)]
+    out = run(Tokenize(batch_size=3), ctx, examples)
+    assert [e["targets"].tolist() for e in out] == [vocabulary.encode(t).tolist() for t in texts]
+    assert all(e["inputs"].tolist() == [] and e["inputs"].dtype == np.int32 for e in out)
+    assert [e["_source_index"] for e in out] == list(range(len(texts)))
+    out[0]["inputs"].resize(3, refcheck=False)  # every example owns its array
+    assert out[2]["inputs"].tolist() == []
+
+
+class _CountingVocabulary(ByteVocabulary):
+    """Bytes, counting the batches encoded; fails on the text "boom"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+        self.second_batch = threading.Event()
+
+    def encode_batch(self, texts):
+        self.batches += 1
+        if self.batches == 2:
+            self.second_batch.set()
+        if "boom" in texts:
+            raise ValueError("cannot encode 'boom'")
+        return super().encode_batch(texts)
+
+
+def test_tokenize_encodes_the_next_batch_ahead_and_stops_with_its_consumer():
+    vocabulary = _CountingVocabulary()
+    ctx = context(features={"targets": Feature(vocabulary)})
+    stream = Tokenize(batch_size=2)(iter([{"targets": str(i)} for i in range(10)]), ctx)
+    assert next(stream)["targets"].tolist() == [ord("0") + 3]
+    # Batch 2 was handed to the helper thread before batch 1 was yielded: it is encoded without a further read.
+    assert vocabulary.second_batch.wait(timeout=30)
+    stream.close()  # an abandoned stream waits for its helper thread and encodes nothing more
+    assert vocabulary.batches == 2
+
+
+def test_an_encoding_error_in_the_helper_thread_reaches_the_stream_reader():
+    ctx = context(features={"targets": Feature(_CountingVocabulary())})
+    stream = Tokenize(batch_size=2)(iter([{"targets": t} for t in ["a", "b", "c", "boom", "d"]]), ctx)
+    assert [e["targets"].tolist() for e in itertools.islice(stream, 2)] == [[100], [101]]
+    with pytest.raises(ValueError, match="cannot encode 'boom'"):
+        next(stream)
 
 
 def test_append_eos_only_to_features_with_add_eos():

@@ -234,29 +234,12 @@ def packing_result_path(tmp_dir: str, split: str, shard_index: int) -> str:
 
 def write_output_shard(spec: CacheJobSpec, split: str, dest: int, segments: list[tuple[str, int, int, int]]) -> None:
     """Merges the segments of one output shard by key and writes the shard and its offsets."""
-    from taskdata.beam.spill import Segment, read_segment
+    from taskdata.beam.spill import Segment, merge_segments
 
-    keys: list[int] = []
-    records: list[bytes] = []
-    for value in sorted(segments):
-        for key, record in read_segment(Segment.from_tuple(value)):
-            keys.append(key)
-            records.append(record)
-    key_array = np.array(keys, dtype=np.uint64)
-    order = np.argsort(key_array, kind="stable")
-    sorted_keys = key_array[order]
-    duplicates = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
-    if duplicates.size:
-        a, b = records[order[duplicates[0]]], records[order[duplicates[0] + 1]]
-        describe: Callable[[bytes], str] = _describe_record
-        if spec.packing_lengths is not None:
-            from taskdata.beam.rows import describe_entry as describe
-        raise RuntimeError(
-            f"Two examples of split {split!r} have the same shuffle key: {describe(a)} and "
-            f"{describe(b)}. Stable ids must be unique (is a source shard listed twice?)."
-        )
+    # Streamed: the segments are merged by key while the shard is written, so memory does not grow with it.
+    merged = merge_segments([Segment.from_tuple(value) for value in sorted(segments)])
     num_shards = spec.shards_of(split)
-    ordered: Iterator[bytes] = (records[i] for i in order.tolist())
+    ordered: Iterator[bytes] = _unique_keys(merged, spec, split)
     if spec.packing_lengths is not None:
         from taskdata.beam.rows import pack_entries
 
@@ -264,6 +247,22 @@ def write_output_shard(spec: CacheJobSpec, split: str, dest: int, segments: list
         fs.write_atomic(packing_result_path(spec.tmp_dir, split, dest), canonical_json(packed.result()).encode())
         ordered = iter(packed.rows)
     _write_shard_files(spec, split, dest, num_shards, ordered)
+
+
+def _unique_keys(entries: Iterator[tuple[int, bytes]], spec: CacheJobSpec, split: str) -> Iterator[bytes]:
+    """The records of ``entries`` (in key order); two of one key are an error naming both examples."""
+    previous_key, previous = None, b""
+    for key, record in entries:
+        if key == previous_key:
+            describe: Callable[[bytes], str] = _describe_record
+            if spec.packing_lengths is not None:
+                from taskdata.beam.rows import describe_entry as describe
+            raise RuntimeError(
+                f"Two examples of split {split!r} have the same shuffle key: {describe(previous)} and "
+                f"{describe(record)}. Stable ids must be unique (is a source shard listed twice?)."
+            )
+        previous_key, previous = key, record
+        yield record
 
 
 def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: int, records: Iterable[bytes]) -> None:
@@ -274,16 +273,23 @@ def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: in
     fs_, inner = fs.filesystem(path)
     # Locally: write beside, then rename. On an object store the upload itself is all-or-nothing.
     tmp = inner if fs.is_remote(path) else f"{inner}.tmp-{os.getpid()}"
+    if tmp != inner:
+        fs_.makedirs(inner.rsplit("/", 1)[0], exist_ok=True)  # as fs.write_atomic does for the files beside it
     digest = hashlib.sha256()
     max_record = 0
-    with fs_.open(tmp, "wb") as f:
-        hashing = _HashingFile(f, digest)
-        writer = TFRecordWriter(hashing)
-        for record in records:
-            writer.write(record)
-            max_record = max(max_record, len(record))
-        offsets = writer.offsets
-        size = hashing.written
+    try:
+        with fs_.open(tmp, "wb") as f:
+            hashing = _HashingFile(f, digest)
+            writer = TFRecordWriter(hashing)
+            for record in records:
+                writer.write(record)
+                max_record = max(max_record, len(record))
+            offsets = writer.offsets
+            size = hashing.written
+    except BaseException:
+        if tmp != inner and os.path.exists(tmp):  # records fail while streaming in (a duplicate key): no half file
+            os.remove(tmp)
+        raise
     offsets_data = write_offsets(offsets, size, writer.crcs)
     fs.write_atomic(fs.join(spec.version_dir, offsets_name(split, dest, num_shards)), offsets_data)
     if tmp != inner:

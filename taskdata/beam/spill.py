@@ -4,21 +4,24 @@ A preprocessing worker buffers (key, record) pairs of one source shard, and when
 full writes a *spill file*: all pairs sorted by (destination shard, key), each entry
 ``<u64 key><u32 length><record>``. It then describes each destination's byte range in that file as a
 ``Segment``. Only segment descriptors travel through Beam's shuffle, so worker memory is bounded by
-the spill buffer, and the shard writer only loads the segments of its own shard.
+the spill buffer; the shard writer merges the segments of its own shard, each read in chunks, so its
+memory does not grow with the shard either.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import IO
 
 import numpy as np
 
 from taskdata import fs
 from taskdata.cache.shuffle import shard_of_key
 
-__all__ = ["Segment", "SpillWriter", "read_segment"]
+__all__ = ["Segment", "SpillWriter", "merge_segments", "read_segment"]
 
 _ENTRY_HEADER = struct.Struct("<QI")
 
@@ -94,18 +97,55 @@ class SpillWriter:
         self._keys, self._records, self._buffered = [], [], 0
 
 
-def read_segment(segment: Segment) -> Iterator[tuple[int, bytes]]:
+def read_segment(segment: Segment, chunk_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
+    """(key, record) of every entry of ``segment``, reading ``chunk_bytes`` (or one entry, if larger) at a time."""
     with fs.open_file(segment.path, "rb") as f:
         f.seek(segment.start)
-        data = f.read(segment.end - segment.start)
-    if len(data) != segment.end - segment.start:
-        raise OSError(f"Spill file {segment.path} is shorter than expected ({len(data)} bytes read of "
-                      f"{segment.end - segment.start} at offset {segment.start}).")
-    pos = 0
-    for _ in range(segment.count):
-        key, length = _ENTRY_HEADER.unpack_from(data, pos)
-        pos += _ENTRY_HEADER.size
-        yield key, data[pos : pos + length]
-        pos += length
-    if pos != len(data):
-        raise OSError(f"Spill segment {segment} holds {len(data) - pos} trailing bytes: it is corrupt.")
+        reader = _ChunkReader(f, segment, chunk_bytes)
+        for _ in range(segment.count):
+            key, length = _ENTRY_HEADER.unpack(reader.take(_ENTRY_HEADER.size))
+            yield key, reader.take(length)
+        if reader.left():
+            raise OSError(f"Spill segment {segment} holds {reader.left()} trailing bytes: it is corrupt.")
+
+
+class _ChunkReader:
+    """Consecutive byte strings of a segment, read from its file a chunk (or one request, if larger) at a time."""
+
+    def __init__(self, f: IO[bytes], segment: Segment, chunk_bytes: int):
+        self._f, self._segment, self._chunk_bytes = f, segment, chunk_bytes
+        self._data, self._pos, self._unread = b"", 0, segment.end - segment.start
+
+    def take(self, n: int) -> bytes:
+        if self._pos + n > len(self._data):
+            self._refill(n)
+        self._pos += n
+        return self._data[self._pos - n : self._pos]
+
+    def left(self) -> int:
+        return len(self._data) - self._pos + self._unread
+
+    def _refill(self, n: int) -> None:
+        from taskdata.cache.tfrecord import read_full
+
+        rest = self._data[self._pos :]
+        want = min(self._unread, max(self._chunk_bytes, n - len(rest)))
+        more = read_full(self._f, want)
+        size = self._segment.end - self._segment.start
+        if len(more) < want:
+            raise OSError(f"Spill file {self._segment.path} is shorter than expected ({size - self._unread + len(more)} "
+                          f"bytes read of {size} at offset {self._segment.start}).")
+        self._data, self._pos, self._unread = rest + more, 0, self._unread - len(more)
+        if len(self._data) < n:
+            raise OSError(f"Spill segment {self._segment} ends inside an entry: it is corrupt.")
+
+
+def merge_segments(segments: Sequence[Segment], buffer_bytes: int = 16 << 20) -> Iterator[tuple[int, bytes]]:
+    """(key, record) of every entry of ``segments`` (each sorted by key) in key order; equal keys in the order of
+    ``segments``. Each segment is read in chunks, so a shard's merge holds about ``buffer_bytes`` whatever its size."""
+    chunk_bytes = max(64 << 10, buffer_bytes // max(1, len(segments)))
+    return heapq.merge(*(read_segment(segment, chunk_bytes) for segment in segments), key=_key)
+
+
+def _key(entry: tuple[int, bytes]) -> int:
+    return entry[0]

@@ -8,14 +8,27 @@ number of workers, or the order in which Beam happened to process things.
 
 from __future__ import annotations
 
-from taskdata.seeding import derive_seed
+import functools
+import hashlib
+
+from taskdata.seeding import seed_hasher, stable_id_bytes
 
 __all__ = ["shard_of_key", "shuffle_key"]
 
 
 def shuffle_key(seed: int, task: str, split: str, source_shard: int, ordinal: int) -> int:
-    """The position-defining key of example ``ordinal`` of ``source_shard`` (unsigned 64-bit)."""
-    return derive_seed(seed, "shuffle", task, split, source_shard, ordinal)
+    """The position-defining key of example ``ordinal`` of ``source_shard`` (unsigned 64-bit): ``derive_seed(seed,
+    "shuffle", task, split, source_shard, ordinal)``."""
+    hasher = _source_shard_hasher(seed, task, split, source_shard).copy()
+    hasher.update(stable_id_bytes(ordinal))
+    return int.from_bytes(hasher.digest(), "little")
+
+
+# The cache job keys every example of a source shard in a row: the hash of their common prefix is kept.
+# typed: True and 1 are different seeds to check_seed (True is refused), so they must not share an entry.
+@functools.lru_cache(maxsize=64, typed=True)
+def _source_shard_hasher(seed: int, task: str, split: str, source_shard: int) -> hashlib.blake2b:
+    return seed_hasher(seed, "shuffle", task, split, source_shard)
 
 
 def shard_of_key(key: int, num_shards: int) -> int:

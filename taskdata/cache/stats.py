@@ -31,7 +31,7 @@ class FeatureStats:
             value = example.get(key)
             if value is None:
                 continue
-            n = int(np.shape(value)[0])
+            n = value.shape[0] if type(value) is np.ndarray else int(np.shape(value)[0])
             self.tokens[key] += n
             if n > self.max_tokens.get(key, -1):
                 self.max_tokens[key] = n

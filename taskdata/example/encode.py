@@ -100,6 +100,9 @@ def _feature(key: str, value: Any) -> bytes:
         if _INT64_MIN <= value[0] <= _INT64_MAX:
             payload = _varint(value[0])  # at most 10 bytes: both lengths take one byte
             return bytes((_INT_TAG, len(payload) + 2, 0x0A, len(payload))) + payload
+    if cls is list and 1 < len(value) <= _SHORT_LIST and all(type(v) is int and _INT64_MIN <= v <= _INT64_MAX
+                                                               for v in value):
+        return _packed(_INT_TAG, b"".join(map(_varint, value)))  # a few ids: Python is faster than numpy
     if cls is str:
         data = value.encode("utf-8")
         if len(data) < 0x7E:  # both lengths fit one byte
@@ -127,6 +130,8 @@ def _packed(tag: int, payload: bytes) -> bytes:
 
 
 _SMALL_INT_FEATURES = tuple(bytes((_INT_TAG, 3, 0x0A, 1, v)) for v in range(0x80))
+# Lists of at most this many Python ints are packed without numpy (provenance numbers, not token arrays).
+_SHORT_LIST = 8
 
 
 def _bytes_list(values: list[bytes]) -> bytes:
