@@ -38,14 +38,17 @@ def decode_padded(
         return {name: np.zeros((0, length), dtype=np.int32) for name, length in lengths.items()}
     view = memoryview(buffer).cast("B")
     size = len(view)
-    raw = np.zeros(size + 16, dtype=np.uint8)  # padding: words read at the last bytes stay inside
-    raw[:size] = np.frombuffer(view, dtype=np.uint8)
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
     first = bytes(view[int(starts[0]) : int(ends[0])])
     layout = _layout(first, 0, len(first))
     if layout is None:
         return None
+    # Positions are clamped to the buffer's end once per entry; the padding holds what an entry's
+    # structure can read past that (a few varints and its key).
+    raw = _WORKSPACE.get("padded_records", size + 64 + max((len(key) for key, _ in layout), default=0), np.uint8)
+    raw[:size] = np.frombuffer(view, dtype=np.uint8)
+    raw[size:] = 0
     wanted = {name.encode("utf-8"): name for name in lengths}
     if {key: tag for key, tag in layout if key in wanted} != dict.fromkeys(wanted, _INT_TAG):
         return None
@@ -69,34 +72,34 @@ def _int_payloads(
     """
     words = np.ndarray((len(raw) - 3,), dtype="<u4", buffer=raw, strides=(1,))
     checks = [raw[starts] == 0x0A]
-    length, pos = _lengths_at(raw, words, starts + 1, size)
+    length, pos = _lengths_at(raw, words, starts + 1)
     if length is None:
         return None
     checks.append(pos + length == ends)
     found = {}
     for key, _tag in layout:
-        checks.append(raw[np.minimum(pos, size)] == 0x0A)
-        length, pos = _lengths_at(raw, words, pos + 1, size)
+        checks.append(raw[pos] == 0x0A)
+        length, pos = _lengths_at(raw, words, pos + 1)
         if length is None:
             return None
         entry_end = np.minimum(pos + length, size + 1)
         prefix = np.frombuffer(b"\x0a" + _varint(len(key)) + key + b"\x12", dtype=np.uint8)
-        checks.append((np.take(raw, pos[:, None] + np.arange(len(prefix)), mode="clip") == prefix).all(axis=1))
-        length, pos = _lengths_at(raw, words, pos + len(prefix), size)
+        checks.append((raw[pos[:, None] + np.arange(len(prefix))] == prefix).all(axis=1))
+        length, pos = _lengths_at(raw, words, pos + len(prefix))
         if length is None:
             return None
         checks.append(pos + length == entry_end)
         name = wanted.get(key)
         if name is not None:
             checks.append(raw[pos] == _INT_TAG)
-            length, pos = _lengths_at(raw, words, pos + 1, size)
+            length, pos = _lengths_at(raw, words, pos + 1)
             if length is None:
                 return None
             checks.append(pos + length == entry_end)
             # An empty Int64List has no packed field: its payload is empty.
             nonempty = pos < entry_end
             checks.append(~nonempty | (raw[pos] == 0x0A))
-            length, payload = _lengths_at(raw, words, pos + 1, size)
+            length, payload = _lengths_at(raw, words, pos + 1)
             if length is None:
                 return None
             checks.append(~nonempty | (payload + length == entry_end))
@@ -109,11 +112,10 @@ def _int_payloads(
 
 
 def _lengths_at(
-    raw: np.ndarray, words: np.ndarray, pos: np.ndarray, size: int
+    raw: np.ndarray, words: np.ndarray, pos: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
-    """(value, position after it) of the varint at each of ``pos`` (clamped into the buffer); (None,
-    None) if one is longer than 3 bytes (2**21 or more: no length of a record this path takes)."""
-    pos = np.minimum(pos, size)
+    """(value, position after it) of the varint at each of ``pos``; (None, None) if one is longer than
+    3 bytes (2**21 or more: no length of a record this path takes)."""
     byte = raw[pos]
     if byte.max() < 0x80:  # the common case: every length below 128
         return byte.astype(np.int64), pos + 1
@@ -167,7 +169,9 @@ def _varint_rows(
         values |= scratch
         np.right_shift(words, 8 * byte + 7, out=scratch)
         more &= scratch
-    if more.any():
+        if not more.any():
+            break
+    else:
         return None  # a varint of 5 bytes or more
     signed = values.view(np.int32)  # below 2**28
     before = np.searchsorted(varint_ends, bounds)  # varints that end before each row's first byte
