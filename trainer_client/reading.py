@@ -60,7 +60,7 @@ class BatchReader:
                 raise ValueError(f"Length of feature {name!r} must be a positive integer but got {length!r}.")
         self.info = info
         self.lengths = dict(lengths)
-        self._verify_crc = verify_crc
+        self.verify_crc = verify_crc
         self._readers: dict[str, tuple[CacheReader, CacheReaderTable]] = {}
         self._packed: tuple[str, ...] | None = None  # the packed features of the run's caches, once one is open
 
@@ -137,7 +137,7 @@ class BatchReader:
             # Refuses a folder whose manifest is not the one the plan pins for this task.
             reader = CacheReader(
                 version_dir,
-                verify_crc=self._verify_crc,
+                verify_crc=self.verify_crc,
                 expected_manifest_sha256=self.info.plan.caches[task].fingerprint,
             )
             packed = reader.manifest.packed_features
