@@ -4,8 +4,8 @@ Two daemon threads keep the train step fed: a fetcher asks the assignment source
 ``lookahead`` steps ahead of the reader, and a reader turns instructions into batches (verified reads,
 interleave, padding) and queues up to ``prefetch`` of them. With ``workers=N`` the reader hands the
 steps, in order, to N worker processes (``trainer_client.read_workers``) that read whole batches on
-other cores, two steps each ahead; it reads in its own thread until they have started, so the first
-batch does not wait for them. Either way the batches are the same, byte for byte. ``next()`` only takes a ready batch, so
+other cores, two steps each ahead; it starts them once the first batch is queued and reads in its own
+thread until they have started, so the first batch does not wait for them. Either way the batches are the same, byte for byte. ``next()`` only takes a ready batch, so
 the train step waits only when reading is slower than training; ``waited_seconds`` measures that.
 
 The data state of a run is one step number plus the fingerprint of what decided the steps before it
@@ -132,6 +132,8 @@ class DataIterator:
         self._reader = BatchReader(info, lengths, verify_crc=verify_crc)
         self._workers = workers
         self._pool: ReadWorkers | None = None
+        self._pool_lock = threading.Lock()  # the reading thread starts the pool; closing stops it
+        self.workers_serving = False  # whether batches now come from the worker processes
         self._lookahead = lookahead
         self._prefetch = prefetch
         self.waited_seconds = 0.0
@@ -142,9 +144,7 @@ class DataIterator:
         self._instructions: queue.Queue[StepReads | BaseException | _Done] = queue.Queue(maxsize=self._lookahead)
         self._batches: queue.Queue[ClientBatch | BaseException] = queue.Queue(maxsize=self._prefetch)
         self._stopping = threading.Event()
-        if self._workers:
-            reader = self._reader
-            self._pool = ReadWorkers(reader.info, reader.lengths, self._workers, verify_crc=reader.verify_crc)
+        self.workers_serving = False
         self._threads = [
             threading.Thread(
                 target=self._guard,
@@ -239,9 +239,10 @@ class DataIterator:
                 pass
         for thread in self._threads:
             thread.join(timeout=10)
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
         return [thread.name for thread in self._threads if thread.is_alive()]
 
     @property
@@ -305,8 +306,8 @@ class DataIterator:
             )
 
     def _read(self, _: None) -> None:
-        if self._pool is not None:
-            self._read_pooled(self._pool)
+        if self._workers:
+            self._read_pooled()
             return
         while True:
             item = self._get(self._instructions)
@@ -319,14 +320,23 @@ class DataIterator:
             if not self._put(self._batches, batch):
                 return
 
-    def _read_pooled(self, pool: ReadWorkers) -> None:
+    def _start_pool(self) -> ReadWorkers | None:
+        """The read workers, started now (None if the iterator is stopping)."""
+        with self._pool_lock:
+            if not self._stopping.is_set():
+                reader = self._reader
+                self._pool = ReadWorkers(reader.info, reader.lengths, self._workers, verify_crc=reader.verify_crc)
+            return self._pool
+
+    def _read_pooled(self) -> None:
         """``_read`` through worker processes: steps go out in order, up to two per worker ahead, and their
-        batches are queued in that order. Until every worker has started, and for skipped steps, this
-        thread reads the step itself."""
+        batches are queued in that order. The workers start once the first batch is queued; until they
+        all have, and for skipped steps, this thread reads the step itself."""
         ahead: collections.deque[StepReads | ClientBatch] = collections.deque()  # in step order
+        pool: ReadWorkers | None = None
         finished = False
         while not finished or ahead:
-            while not finished and pool.in_flight < 2 * pool.count:
+            while not finished and (pool is None or pool.in_flight < 2 * pool.count):
                 if ahead:
                     try:
                         item = self._instructions.get_nowait()
@@ -340,14 +350,23 @@ class DataIterator:
                 if isinstance(item, BaseException):
                     raise item
                 self._check_slice(item)
-                if item.skipped or not pool.ready():
+                if item.skipped or pool is None or not pool.ready():
                     ahead.append(self._reader.read(item))
-                    break  # deliver it now: the train step may be waiting for its first batch
+                    break  # deliver it now: the train step may be waiting for it
                 pool.send(item)
                 ahead.append(item)
+                self.workers_serving = True
             if not ahead:
                 continue
             head = ahead.popleft()
-            batch = head if isinstance(head, ClientBatch) else pool.receive(head)
+            if isinstance(head, ClientBatch):
+                batch = head
+            else:
+                assert pool is not None  # only the pool's steps are instructions here
+                batch = pool.receive(head)
             if not self._put(self._batches, batch):
                 return
+            if pool is None:
+                pool = self._start_pool()
+                if pool is None:
+                    return
