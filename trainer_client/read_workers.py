@@ -263,5 +263,5 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replies", type=int, required=True)
     args = parser.parse_args(argv)
     requests, replies = os.fdopen(args.requests, "rb", buffering=0), os.fdopen(args.replies, "wb")
-    with requests, replies, contextlib.suppress(BrokenPipeError):  # BrokenPipeError: the iterator is gone
+    with contextlib.suppress(BrokenPipeError), requests, replies:  # BrokenPipeError: the iterator is gone
         _serve(requests, replies)
