@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import select
@@ -59,7 +60,7 @@ def _send(out: IO[bytes], *parts: bytes | memoryview) -> None:
     out.flush()
 
 
-def _receive_exactly(source: IO[bytes], target: memoryview, what: str) -> None:
+def _receive_exactly(source: io.FileIO, target: memoryview, what: str) -> None:
     got = 0
     while got < len(target):
         more = source.readinto(target[got:])
@@ -68,7 +69,7 @@ def _receive_exactly(source: IO[bytes], target: memoryview, what: str) -> None:
         got += more
 
 
-def _receive_message(source: IO[bytes], what: str) -> bytes:
+def _receive_message(source: io.FileIO, what: str) -> bytes:
     header = bytearray(_LENGTH.size)
     _receive_exactly(source, memoryview(header), what)
     body = bytearray(_LENGTH.unpack(header)[0])
@@ -148,7 +149,7 @@ class _Worker:
         for name, rows, length in header["features"]:
             array = np.empty((rows, length), dtype=np.int32)
             try:
-                _receive_exactly(self.replies, memoryview(array).cast("B"), f"feature {name!r} of step {step_reads.step}")
+                _receive_exactly(self.replies, array.data.cast("B"), f"feature {name!r} of step {step_reads.step}")
             except EOFError:
                 self._receive("the batch")  # reports how the worker ended
             features[name] = array
@@ -233,7 +234,7 @@ def _error_reply(error: Exception) -> bytes:
     return json.dumps({"error": [kind or "ReadWorkerError", message]}).encode()
 
 
-def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
+def _serve(requests: io.FileIO, replies: IO[bytes]) -> None:
     setup = json.loads(_receive_message(requests, "the setup message"))
     info = RunInfo(RunPlan.from_dict(setup["plan"]), setup["split"])
     reader = BatchReader(info, setup["lengths"], verify_crc=setup["verify_crc"])
@@ -252,7 +253,7 @@ def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
             arrays = [np.ascontiguousarray(batch.features[name], dtype=np.int32) for name in batch.features]
             header = json.dumps({"step": batch.step, "features": [[name, *array.shape] for name, array in
                                                                    zip(batch.features, arrays, strict=True)]})
-            _send(replies, header.encode(), *(memoryview(array).cast("B") for array in arrays))
+            _send(replies, header.encode(), *(array.data.cast("B") for array in arrays))
     finally:
         reader.close()
 

@@ -52,12 +52,19 @@ def decode_padded(
     wanted = {name.encode("utf-8"): name for name in lengths}
     if {key: tag for key, tag in layout if key in wanted} != dict.fromkeys(wanted, _INT_TAG):
         return None
-    spans = _int_payloads(raw, size, starts, ends, layout, wanted)
-    if spans is None:
+    try:
+        spans = _int_payloads(raw, size, starts, ends, layout, wanted)
+        if spans is None:
+            return None
+    except _Refused:
         return None
     names = list(lengths)
     pieces = [view[b:e] for name in names for b, e in zip(spans[name][0].tolist(), spans[name][1].tolist(), strict=True)]
     return _varint_rows(b"".join(pieces), [spans[name][1] - spans[name][0] for name in names], lengths)
+
+
+class _Refused(Exception):
+    """Records this path does not take (a length of 2**21 or more)."""
 
 
 def _int_payloads(
@@ -73,35 +80,25 @@ def _int_payloads(
     words = np.ndarray((len(raw) - 3,), dtype="<u4", buffer=raw, strides=(1,))
     checks = [raw[starts] == 0x0A]
     length, pos = _lengths_at(raw, words, starts + 1)
-    if length is None:
-        return None
     checks.append(pos + length == ends)
     found = {}
     for key, _tag in layout:
         checks.append(raw[pos] == 0x0A)
         length, pos = _lengths_at(raw, words, pos + 1)
-        if length is None:
-            return None
         entry_end = np.minimum(pos + length, size + 1)
         prefix = np.frombuffer(b"\x0a" + _varint(len(key)) + key + b"\x12", dtype=np.uint8)
         checks.append((raw[pos[:, None] + np.arange(len(prefix))] == prefix).all(axis=1))
         length, pos = _lengths_at(raw, words, pos + len(prefix))
-        if length is None:
-            return None
         checks.append(pos + length == entry_end)
         name = wanted.get(key)
         if name is not None:
             checks.append(raw[pos] == _INT_TAG)
             length, pos = _lengths_at(raw, words, pos + 1)
-            if length is None:
-                return None
             checks.append(pos + length == entry_end)
             # An empty Int64List has no packed field: its payload is empty.
             nonempty = pos < entry_end
             checks.append(~nonempty | (raw[pos] == 0x0A))
             length, payload = _lengths_at(raw, words, pos + 1)
-            if length is None:
-                return None
             checks.append(~nonempty | (payload + length == entry_end))
             found[name] = (np.where(nonempty, payload, entry_end), entry_end)
         pos = entry_end
@@ -111,10 +108,8 @@ def _int_payloads(
     return found
 
 
-def _lengths_at(
-    raw: np.ndarray, words: np.ndarray, pos: np.ndarray
-) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
-    """(value, position after it) of the varint at each of ``pos``; (None, None) if one is longer than
+def _lengths_at(raw: np.ndarray, words: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(value, position after it) of the varint at each of ``pos``; ``_Refused`` if one is longer than
     3 bytes (2**21 or more: no length of a record this path takes)."""
     byte = raw[pos]
     if byte.max() < 0x80:  # the common case: every length below 128
@@ -123,7 +118,7 @@ def _lengths_at(
     more = (word >> 7) & 1
     more2 = more & (word >> 15)
     if np.any(more2 & (word >> 23)):
-        return None, None
+        raise _Refused
     value = (word & 0x7F) | (((word >> 8) & 0x7F) << 7) * more | (((word >> 16) & 0x7F) << 14) * more2
     return value, pos + 1 + more + more2
 
