@@ -138,3 +138,8 @@ def test_empty_rows_and_an_empty_batch_are_zero_padding():
     assert fast is not None and not fast["inputs"][0].any() and fast["targets"][1, :3].tolist() == [1, 2, 0]
     empty = decode_padded(b"", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), LENGTHS)
     assert {name: array.shape for name, array in empty.items()} == {"inputs": (0, 12), "targets": (0, 5)}
+
+
+def test_no_features_asked_leaves_the_records_to_the_generic_path():
+    buffer, starts, ends = spans([example_codec.encode_example({"inputs": [1]})])
+    assert decode_padded(buffer, starts, ends, {}) is None

@@ -19,10 +19,12 @@ import contextlib
 import io
 import json
 import os
+import queue
 import select
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import IO, Any
@@ -234,17 +236,25 @@ def _error_reply(error: Exception) -> bytes:
     return json.dumps({"error": [kind or "ReadWorkerError", message]}).encode()
 
 
+def _drain(requests: io.FileIO, into: queue.SimpleQueue[bytes | None]) -> None:
+    """Takes every request off the pipe as it comes (None at its end), so that the iterator never waits
+    to send while this worker waits for it to take a batch: neither pipe can fill both ways at once."""
+    try:
+        while True:
+            into.put(_receive_message(requests, "a request"))
+    except (EOFError, OSError):
+        into.put(None)  # the iterator closed the pipe (or ended): nothing more to read
+
+
 def _serve(requests: io.FileIO, replies: IO[bytes]) -> None:
     setup = json.loads(_receive_message(requests, "the setup message"))
     info = RunInfo(RunPlan.from_dict(setup["plan"]), setup["split"])
     reader = BatchReader(info, setup["lengths"], verify_crc=setup["verify_crc"])
+    pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    threading.Thread(target=_drain, args=(requests, pending), daemon=True, name="taskdata-requests").start()
     _send(replies, json.dumps({"ready": True}).encode())
     try:
-        while True:
-            try:
-                message = _receive_message(requests, "a request")
-            except EOFError:
-                return  # the iterator closed the pipe (or ended): nothing more to read
+        while (message := pending.get()) is not None:
             try:
                 batch = reader.read(from_json(message))
             except Exception as error:  # reported to the train loop, which raises it

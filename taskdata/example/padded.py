@@ -33,8 +33,9 @@ def decode_padded(
 
     Spans may come in any order and repeat. Every feature of ``lengths`` must be an Int64List.
     """
-    count = len(starts)
-    if count == 0:
+    if not lengths:
+        return None  # nothing to decode, but the records are still checked: the generic path's call
+    if len(starts) == 0:
         return {name: np.zeros((0, length), dtype=np.int32) for name, length in lengths.items()}
     view = memoryview(buffer).cast("B")
     size = len(view)
@@ -178,11 +179,8 @@ def _varint_rows(
         if counts.max() > length:
             return None  # the generic path names the feature and the length
         padded = np.zeros((records, length), dtype=np.int32)
-        filled = np.less(_columns(length), counts[:, None], out=work.get("padded_filled", records * length, bool).reshape(records, length))
+        filled = work.get("padded_filled", records * length, bool).reshape(records, length)
+        np.less(np.arange(length), counts[:, None], out=filled)
         padded[filled] = signed[first[0] : first[-1]]
         out[name] = padded
     return out
-
-
-def _columns(length: int) -> np.ndarray:
-    return np.arange(length)
