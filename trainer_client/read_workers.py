@@ -80,8 +80,9 @@ def _receive_message(source: io.FileIO, what: str) -> bytes:
 
 
 def _widen(pipe: int) -> None:
-    """Makes a pipe hold a whole batch (1 MiB, Linux's default limit for unprivileged processes), so that
-    a worker writes its answer without waiting for the reader 64 KiB at a time; elsewhere a no-op."""
+    """Makes a pipe hold 1 MiB (Linux's default limit for unprivileged processes; elsewhere a no-op): a
+    whole batch of 256 x (512 + 114) int32, so that a worker writes it without waiting for the reader
+    64 KiB at a time."""
     try:
         import fcntl
 
@@ -105,6 +106,7 @@ class _Worker:
             os.close(requests_read)
             os.close(replies_write)
         _widen(replies_read)
+        _widen(requests_write)  # the setup (a plan's JSON) is written before the worker has started reading
         self.index = index
         self.requests = os.fdopen(requests_write, "wb")
         self.replies = os.fdopen(replies_read, "rb", buffering=0)
