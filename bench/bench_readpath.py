@@ -24,18 +24,20 @@ window after a warm-up (for ``workers=2``: after the workers have started); CPU 
 process and its workers over that window. The first-batch latency is from building the source and
 the iterator to holding the first batch, in a fresh process (imports done).
 
-Where the time went (cProfile and timers around each phase, one core, batch 256, this cache, before this
-work): about 7.5 ms a batch (35k examples/s), of which ~2.9 ms decoding (``_decode_uniform``: a
-per-entry layout walk over nine features, then a varint table over every byte of the records and a
-gather of each row), ~1.0-1.4 ms padding (``pad_features``' fancy-indexed scatter of 160k values),
-~0.8 ms reading (``read_records``: the checks, then one ``bytes`` per record, joined again for the
-decoder) and ~3 ms per batch more in later epochs (one ``preadv`` and one slice per scattered record).
-Half of the decode and padding time was page faults, not arithmetic: each batch's multi-megabyte
-temporaries were fresh ``mmap``s that glibc gave back and faulted in again (with
-``MALLOC_MMAP_THRESHOLD_`` raised the same code ran 2-3x faster). Now: records stay in the ranged read's
-``bytes`` (``CacheReader.read_spans``), ``decode_padded`` checks every record's layout with ~10 numpy
-steps per feature entry and decodes only the wanted features' payloads, gathered into one array, into
-their padded rows (a boolean-mask copy), with temporaries in a reused workspace.
+Where the time went (cProfile, and timers around each phase of ``BatchReader.read``, one core, batch 256,
+this cache, before this work, when the iterator gave 30-50k examples/s): per batch ~2.9 ms decoding
+(``_decode_uniform``: a per-entry layout walk over the nine features, then a varint table over every
+byte of the records and a gather of each row), ~1.0 ms padding (``pad_features``' fancy-indexed scatter
+of 160k values), ~0.8 ms reading in epoch 0 (``read_records``: the checks, then one ``bytes`` per record,
+joined again for the decoder) and ~3 ms in later epochs (one ``preadv`` and one slice per scattered
+record), plus ~0.3 ms of index math in the fetching thread. Much of the decode and padding time was page
+faults, not arithmetic: each batch's multi-megabyte temporaries were fresh ``mmap``s that glibc gave back
+and faulted in again (with ``MALLOC_MMAP_THRESHOLD_`` raised the same code ran 2-3x faster). Now:
+records stay in the ranged read's ``bytes`` (``CacheReader.read_spans``), ``decode_padded`` checks every
+record's layout with ~10 numpy steps per feature entry (all records at once) and decodes only the wanted
+features' payloads, gathered into one array, into their padded rows (a boolean-mask copy), with its
+temporaries in a reused workspace: ~1.6 ms a batch in epoch 0, of which ~0.3 ms reading and checking,
+~0.4 ms the layout walk (nine entries; fewer provenance features make it cheaper) and ~0.8 ms the varints.
 """
 
 from __future__ import annotations
