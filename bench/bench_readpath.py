@@ -19,7 +19,9 @@ so steps read contiguous records as tf.data does; a second row reads later epoch
 
 Every figure comes from its own process pinned with ``taskset`` (all its threads and its workers on
 those cores); configurations are alternated over ``--rounds`` rounds and the median is reported, with
-the load average (1 min) read before each run. Rates are examples (records) per wall-second over a
+the load average (1 min) read before each run. One more row runs the 1-core read path in a process started
+with the ``MALLOC_`` settings that the read workers get (``trainer_client.read_workers``): what a trainer
+started with them gets. Rates are examples (records) per wall-second over a
 window after a warm-up (for ``workers=2``: after the workers have started); CPU per example counts the
 process and its workers over that window. The first-batch latency is from building the source and
 the iterator to holding the first batch, in a fresh process (imports done).
@@ -238,6 +240,8 @@ CONFIGS = [  # (label, cores, measurement arguments)
     ("tf.data TFRecordDataset + parse_example + padding, 1 thread", "0", ["tfdata", "--cores", "1"]),
     ("read path, workers=2, epoch 0 then blocks of 4,096", "0,1", ["readpath", "--workers", "2", "--order", "blocks"]),
     ("tf.data TFRecordDataset + parse_example + padding, 2 threads", "0,1", ["tfdata", "--cores", "2"]),
+    ("read path, workers=0, epoch 0 then blocks, trainer started with the read workers' MALLOC_ settings", "0",
+     ["readpath", "--workers", "0", "--order", "blocks", "--malloc"]),
     ("read path, workers=0, later epochs record by record (256 scattered reads a step)", "0",
      ["readpath", "--workers", "0", "--order", "records"]),
     ("read path, workers=2, later epochs record by record", "0,1", ["readpath", "--workers", "2", "--order", "records"]),
@@ -249,10 +253,14 @@ CONFIGS = [  # (label, cores, measurement arguments)
 
 
 def run_one(version_dir: str, cores: str, arguments: list[str], steps: int) -> dict:
+    from trainer_client.read_workers import _MALLOC
+
+    malloc = _MALLOC if "--malloc" in arguments else {}
+    arguments = [a for a in arguments if a != "--malloc"]
     command = ["taskset", "-c", cores, sys.executable, os.path.abspath(__file__), "--version-dir", version_dir,
                "--steps", str(steps), "--measure", *arguments]  # fmt: skip
     load = os.getloadavg()[0]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO},
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **malloc, "PYTHONPATH": REPO},
                           check=False, timeout=600)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
@@ -308,7 +316,9 @@ def main() -> None:
         lines.append(f"{'2 cores' if ',' in cores else '1 core'}, {line}")
     ours1, ours2 = rates[CONFIGS[0][0]], rates[CONFIGS[2][0]]
     tf1, tf2 = rates[CONFIGS[1][0]], rates[CONFIGS[3][0]]
-    lines.append(f"read path / tf.data: {ours1 / tf1:.2f}x on 1 core (target >= 1), {ours2 / tf2:.2f}x on 2 cores; "
+    tuned = rates[CONFIGS[4][0]]
+    lines.append(f"read path / tf.data: {ours1 / tf1:.2f}x on 1 core (target >= 1; {tuned / tf1:.2f}x with the MALLOC_ "
+                 f"settings), {ours2 / tf2:.2f}x on 2 cores; "
                  f"read path 2 cores / 1 core: {ours2 / ours1:.2f}x (target >= 1.6); tf.data 2 / 1: {tf2 / tf1:.2f}x")
     print("\n".join(lines))
     if args.write:

@@ -40,6 +40,10 @@ from trainer_client.reading import BatchReader, ClientBatch
 __all__ = ["ReadWorkerError", "ReadWorkers"]
 
 _LENGTH = struct.Struct("<Q")
+# glibc's malloc in a worker keeps the memory of a batch for the next one instead of returning it to the
+# system and faulting it in again (each batch allocates and frees megabytes: ~20% of a worker's CPU
+# under load). Settings of the environment win.
+_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(16 << 20), "MALLOC_TRIM_THRESHOLD_": str(128 << 20)}
 # Errors a worker reports by name and that are raised again, with that type and message, in the train
 # loop (a subclass as the first of these it is an instance of; CorruptRecordError with all its fields).
 _ERRORS: dict[str, type[Exception]] = {
@@ -101,6 +105,7 @@ class _Worker:
                  "--requests", str(requests_read), "--replies", str(replies_write)],
                 pass_fds=(requests_read, replies_write),
                 stdin=subprocess.DEVNULL,
+                env={**_MALLOC, **os.environ},
             )  # fmt: skip
         finally:
             os.close(requests_read)
