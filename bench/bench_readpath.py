@@ -20,8 +20,8 @@ so steps read contiguous records as tf.data does; a second row reads later epoch
 Every figure comes from its own process pinned with ``taskset`` (all its threads and its workers on
 those cores); configurations are alternated over ``--rounds`` rounds and the median is reported, with
 the load average (1 min) read before each run. One more row runs the 1-core read path in a process started
-with the ``MALLOC_`` settings that the read workers get (``trainer_client.read_workers``): what a trainer
-started with them gets. Rates are examples (records) per wall-second over a
+with ``MALLOC_`` settings equal to the ``mallopt`` of the read workers (``trainer_client.read_workers``):
+what a trainer started with them gets. Rates are examples (records) per wall-second over a
 window after a warm-up (for ``workers=2``: after the workers have started); CPU per example counts the
 process and its workers over that window. The first-batch latency is from building the source and
 the iterator to holding the first batch, in a fresh process (imports done).
@@ -253,9 +253,10 @@ CONFIGS = [  # (label, cores, measurement arguments)
 
 
 def run_one(version_dir: str, cores: str, arguments: list[str], steps: int) -> dict:
-    from trainer_client.read_workers import _MALLOC
+    from trainer_client.read_workers import MMAP_THRESHOLD, TRIM_THRESHOLD
 
-    malloc = _MALLOC if "--malloc" in arguments else {}
+    malloc = ({"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
+              if "--malloc" in arguments else {})  # fmt: skip
     arguments = [a for a in arguments if a != "--malloc"]
     command = ["taskset", "-c", cores, sys.executable, os.path.abspath(__file__), "--version-dir", version_dir,
                "--steps", str(steps), "--measure", *arguments]  # fmt: skip

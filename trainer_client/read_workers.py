@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import io
 import json
 import os
@@ -40,10 +41,10 @@ from trainer_client.reading import BatchReader, ClientBatch
 __all__ = ["ReadWorkerError", "ReadWorkers"]
 
 _LENGTH = struct.Struct("<Q")
-# glibc's malloc in a worker keeps the memory of a batch for the next one instead of returning it to the
-# system and faulting it in again (each batch allocates and frees megabytes: ~20% of a worker's CPU
-# under load). Settings of the environment win.
-_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(16 << 20), "MALLOC_TRIM_THRESHOLD_": str(128 << 20)}
+# What a worker sets glibc's malloc to (as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ would): keep
+# the memory of a batch for the next one instead of returning it to the system and faulting it in again
+# (each batch allocates and frees megabytes: ~20% of a worker's CPU under load).
+MMAP_THRESHOLD, TRIM_THRESHOLD = 16 << 20, 128 << 20
 # Errors a worker reports by name and that are raised again, with that type and message, in the train
 # loop (a subclass as the first of these it is an instance of; CorruptRecordError with all its fields).
 _ERRORS: dict[str, type[Exception]] = {
@@ -105,7 +106,6 @@ class _Worker:
                  "--requests", str(requests_read), "--replies", str(replies_write)],
                 pass_fds=(requests_read, replies_write),
                 stdin=subprocess.DEVNULL,
-                env={**_MALLOC, **os.environ},
             )  # fmt: skip
         finally:
             os.close(requests_read)
@@ -275,11 +275,22 @@ def _serve(requests: io.FileIO, replies: IO[bytes]) -> None:
         reader.close()
 
 
+def _keep_batch_memory() -> None:
+    """``mallopt`` with the thresholds above, where the C library is glibc (elsewhere nothing)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-1, TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
+    mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="A read worker of trainer_client.read_workers (not run by hand).")
     parser.add_argument("--requests", type=int, required=True)
     parser.add_argument("--replies", type=int, required=True)
     args = parser.parse_args(argv)
+    _keep_batch_memory()
     requests, replies = os.fdopen(args.requests, "rb", buffering=0), os.fdopen(args.replies, "wb")
     with contextlib.suppress(BrokenPipeError), requests, replies:  # BrokenPipeError: the iterator is gone
         _serve(requests, replies)
