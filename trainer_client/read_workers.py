@@ -38,7 +38,7 @@ from taskdata.index import RunPlan, StepReads, from_json, to_json
 from trainer_client.assignments import AssignmentError, RunInfo
 from trainer_client.reading import BatchReader, ClientBatch
 
-__all__ = ["ReadWorkerError", "ReadWorkers"]
+__all__ = ["ReadWorkerError", "ReadWorkers", "keep_batch_memory"]
 
 _LENGTH = struct.Struct("<Q")
 # What a worker sets glibc's malloc to (as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ would): keep
@@ -275,8 +275,14 @@ def _serve(requests: io.FileIO, replies: IO[bytes]) -> None:
         reader.close()
 
 
-def _keep_batch_memory() -> None:
-    """``mallopt`` with the thresholds above, where the C library is glibc (elsewhere nothing)."""
+def keep_batch_memory() -> None:
+    """Sets glibc's malloc thresholds as above for this whole process (elsewhere does nothing).
+
+    Every read worker calls it. A trainer that reads in its own process (``workers=0``) may call it at
+    start-up (or start with the equivalent ``MALLOC_`` variables): under load, the read path then takes
+    about half the CPU per example (BENCHMARKS.md, "Host read path against tf.data"), for at most
+    ``TRIM_THRESHOLD`` of freed memory kept by the process.
+    """
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
@@ -290,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, required=True)
     parser.add_argument("--replies", type=int, required=True)
     args = parser.parse_args(argv)
-    _keep_batch_memory()
+    keep_batch_memory()
     requests, replies = os.fdopen(args.requests, "rb", buffering=0), os.fdopen(args.replies, "wb")
     with contextlib.suppress(BrokenPipeError), requests, replies:  # BrokenPipeError: the iterator is gone
         _serve(requests, replies)
