@@ -2,11 +2,13 @@
 
 Two daemon threads keep the train step fed: a fetcher asks the assignment source for windows of
 ``lookahead`` steps ahead of the reader, and a reader turns instructions into batches (verified reads,
-interleave, padding) and queues up to ``prefetch`` of them. With ``workers=N`` the reader hands the
-steps, in order, to N worker processes (``trainer_client.read_workers``) that read whole batches on
-other cores, two steps each ahead; it starts them once the first batch is queued and reads in its own
-thread until they have started, so the first batch does not wait for them. Either way the batches are the same, byte for byte. ``next()`` only takes a ready batch, so
+interleave, padding) and queues up to ``prefetch`` of them. ``next()`` only takes a ready batch, so
 the train step waits only when reading is slower than training; ``waited_seconds`` measures that.
+
+With ``workers=N`` the reader hands the steps, in order, to N worker processes
+(``trainer_client.read_workers``) that read whole batches on other cores, two steps each ahead. It
+starts them once the first batch is queued and reads steps itself until they have started, so the first
+batch does not wait for them. Either way the batches are the same, byte for byte.
 
 The data state of a run is one step number plus the fingerprint of what decided the steps before it
 (``DataState``; ``RunPlan.fingerprint_before``: the run's fingerprint, for a plan without stages).

@@ -22,6 +22,7 @@ from taskdata.example.wire import _INT_TAG, _varint
 
 __all__ = ["decode_padded"]
 
+
 def decode_padded(
     buffer: bytes | bytearray | memoryview,
     starts: np.ndarray,
