@@ -19,6 +19,7 @@ from tests.client_helpers import LENGTHS, REPO, features_equal, shared_root
 from trainer_client.assignments import HostSlice
 from trainer_client.iterator import DataIterator, DataState
 from trainer_client.local_source import LocalAssignments
+from trainer_client.read_workers import ReadWorkerError
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +220,16 @@ def test_keep_batch_memory_stops_the_page_faults_of_each_batchs_temporaries():
                                        check=True, env={**os.environ, "PYTHONPATH": REPO}).stdout)
               for mode in ("keep", "default")}
     assert faults["keep"] < 100 < 10_000 < faults["default"], faults
+
+
+def test_a_worker_that_dies_is_an_error_in_the_train_loop_naming_it(root):
+    with DataIterator(local(root), LENGTHS, host_slice=HostSlice(0, 1), prefetch=1, workers=2) as it:
+        while not it.workers_serving:
+            next(it)
+            time.sleep(0.05)
+        victim = it.worker_pids[1]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(ReadWorkerError, match=rf"Read worker 1 \(pid {victim}\) exited with code -9"):
+            for _ in range(50):
+                next(it)
+    assert gone(victim) and it.worker_pids == []

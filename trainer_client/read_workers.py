@@ -121,21 +121,27 @@ class _Worker:
     def poll_ready(self) -> bool:
         """Whether the worker has said it is ready (its imports and reader set up); never blocks."""
         if not self.ready and select.select([self.replies], [], [], 0)[0]:
-            reply = json.loads(self._receive("its ready message"))
-            if reply != {"ready": True}:
-                raise ReadWorkerError(f"Read worker {self.index} (pid {self.process.pid}) did not start: {reply}")
-            self.ready = True
+            self._take_ready()
         return self.ready
+
+    def _take_ready(self) -> None:
+        reply = json.loads(self._receive("its ready message"))
+        if reply != {"ready": True}:
+            raise ReadWorkerError(f"Read worker {self.index} (pid {self.process.pid}) did not start: {reply}")
+        self.ready = True
 
     def _receive(self, what: str) -> bytes:
         try:
             return _receive_message(self.replies, what)
         except EOFError as error:
-            code = self.process.wait(timeout=10)
-            raise ReadWorkerError(
-                f"Read worker {self.index} (pid {self.process.pid}) exited with code {code} ({error}); see its "
-                "output above. Read with workers=0 to get the error in this process."
-            ) from None
+            raise self._ended(error) from None
+
+    def _ended(self, error: EOFError) -> ReadWorkerError:
+        code = self.process.wait(timeout=10)
+        return ReadWorkerError(
+            f"Read worker {self.index} (pid {self.process.pid}) exited with code {code} ({error}); see its "
+            "output above. Read with workers=0 to get the error in this process."
+        )
 
     def request(self, step_reads: StepReads) -> None:
         _send(self.requests, to_json(step_reads, "base64"))
@@ -143,7 +149,7 @@ class _Worker:
     def batch(self, step_reads: StepReads) -> ClientBatch:
         """The batch of the oldest step sent to this worker (``step_reads``)."""
         if not self.ready:
-            self.ready = json.loads(self._receive("its ready message")) == {"ready": True}
+            self._take_ready()
         header = json.loads(self._receive(f"the header of step {step_reads.step}"))
         if "error" in header:
             kind, message = header["error"]
@@ -159,8 +165,8 @@ class _Worker:
             array = np.empty((rows, length), dtype=np.int32)
             try:
                 _receive_exactly(self.replies, array.data.cast("B"), f"feature {name!r} of step {step_reads.step}")
-            except EOFError:
-                self._receive("the batch")  # reports how the worker ended
+            except EOFError as error:
+                raise self._ended(error) from None
             features[name] = array
         return ClientBatch(step_reads.step, False, step_reads.global_batch_size, step_reads.positions, features)
 
