@@ -38,7 +38,7 @@ and faulted in again (with ``MALLOC_MMAP_THRESHOLD_`` raised the same code ran 2
 records stay in the ranged read's ``bytes`` (``CacheReader.read_spans``), ``decode_padded`` checks every
 record's layout with ~10 numpy steps per feature entry (all records at once) and decodes only the wanted
 features' payloads, gathered into one array, into their padded rows (a boolean-mask copy), with its
-temporaries in a reused workspace: ~1.6 ms a batch in epoch 0, of which ~0.3 ms reading and checking,
+temporaries in a reused workspace: ``BatchReader.read`` alone ~1.6-2.5 ms a batch in epoch 0, of which ~0.3 ms reading and checking,
 ~0.4 ms the layout walk (nine entries; fewer provenance features make it cheaper) and ~0.8 ms the varints.
 """
 

@@ -285,9 +285,9 @@ def keep_batch_memory() -> None:
     """Sets glibc's malloc thresholds as above for this whole process (elsewhere does nothing).
 
     Every read worker calls it. A trainer that reads in its own process (``workers=0``) may call it at
-    start-up (or start with the equivalent ``MALLOC_`` variables): under load, the read path then takes
-    about half the CPU per example (BENCHMARKS.md, "Host read path against tf.data"), for at most
-    ``TRIM_THRESHOLD`` of freed memory kept by the process.
+    start-up (or start with the equivalent ``MALLOC_`` variables): on a loaded machine the read path then
+    took about half the CPU per example, on an idle one the same (BENCHMARKS.md, "Host read path against
+    tf.data"), for at most ``TRIM_THRESHOLD`` of freed memory kept by the process.
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
