@@ -171,3 +171,17 @@ def test_a_block_order_run_reads_each_read_with_one_request_within_the_stated_bo
                 assert np.array_equal(batch.features[name], expected[name]), (step, index, name)
     reader.close()
     source.close()
+
+
+def test_the_generic_decoder_behind_the_fast_path_gives_the_same_batches(root, monkeypatch):
+    # Batches of records that decode_padded refuses are decoded by the generic path: same bytes.
+    source, reader = source_and_reader(root)
+    steps = source.fetch(0, 40, HostSlice(0, 2))
+    fast = [reader.read(step_reads) for step_reads in steps]
+    refused = []
+    monkeypatch.setattr("trainer_client.reading.decode_padded", lambda *args: refused.append(1))
+    generic = [reader.read(step_reads) for step_reads in steps]
+    assert len(refused) == 40
+    for a, b in zip(fast, generic, strict=True):
+        assert a.features.keys() == b.features.keys()
+        assert all(a.features[name].tobytes() == b.features[name].tobytes() for name in a.features)

@@ -358,7 +358,7 @@ def test_the_example_package_exports_every_codec():
     assert example_codec.encode_example is encode.encode_example
     assert sorted(example_codec.__all__) == [
         "DTYPES", "ExampleDecodeError", "RaggedFeature", "decode_batch", "decode_buffer", "decode_example",
-        "encode_example", "has_kind", "pad_features",
+        "decode_padded", "encode_example", "has_kind", "pad_features",
     ]
 
 

@@ -5,6 +5,11 @@ Two daemon threads keep the train step fed: a fetcher asks the assignment source
 interleave, padding) and queues up to ``prefetch`` of them. ``next()`` only takes a ready batch, so
 the train step waits only when reading is slower than training; ``waited_seconds`` measures that.
 
+With ``workers=N`` the reader hands the steps, in order, to N worker processes
+(``trainer_client.read_workers``) that read whole batches on other cores, two steps each ahead. It
+starts them once the first batch is queued and reads steps itself until they have started, so the first
+batch does not wait for them. Either way the batches are the same, byte for byte.
+
 The data state of a run is one step number plus the fingerprint of what decided the steps before it
 (``DataState``; ``RunPlan.fingerprint_before``: the run's fingerprint, for a plan without stages).
 Resuming from a state checks that fingerprint against the source's run before anything is read, so a
@@ -15,6 +20,7 @@ honoured is an error, never a silent restart from step 0.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import queue
@@ -24,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from trainer_client.assignments import AssignmentError, AssignmentSource, HostSlice, RunInfo, StepReads
+from trainer_client.read_workers import ReadWorkers
 from trainer_client.reading import BatchReader, ClientBatch
 
 __all__ = ["DataIterator", "DataState", "ResumeError"]
@@ -82,6 +89,7 @@ class DataIterator:
       host_slice: the slice of every global batch this host reads (default: process index of count).
       lookahead: steps of instructions fetched per request.
       prefetch: batches read ahead of the train step.
+      workers: processes that read batches (0: the reading thread of this process reads them).
     """
 
     def __init__(
@@ -95,10 +103,13 @@ class DataIterator:
         prefetch: int = 4,
         stop_step: int | None = None,
         verify_crc: bool = True,
+        workers: int = 0,
     ):
         for value, what in ((lookahead, "lookahead"), (prefetch, "prefetch")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{what} must be a positive integer but got {value!r}.")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"workers must be an integer >= 0 (0: read in this process) but got {workers!r}.")
         self._source = source
         info = source.run_info()
         if isinstance(start, DataState):
@@ -121,6 +132,10 @@ class DataIterator:
         self._next_step = first
         self._stop_step = stop_step
         self._reader = BatchReader(info, lengths, verify_crc=verify_crc)
+        self._workers = workers
+        self._pool: ReadWorkers | None = None
+        self._pool_lock = threading.Lock()  # the reading thread starts the pool; closing stops it
+        self.workers_serving = False  # whether batches now come from the worker processes
         self._lookahead = lookahead
         self._prefetch = prefetch
         self.waited_seconds = 0.0
@@ -131,6 +146,7 @@ class DataIterator:
         self._instructions: queue.Queue[StepReads | BaseException | _Done] = queue.Queue(maxsize=self._lookahead)
         self._batches: queue.Queue[ClientBatch | BaseException] = queue.Queue(maxsize=self._prefetch)
         self._stopping = threading.Event()
+        self.workers_serving = False
         self._threads = [
             threading.Thread(
                 target=self._guard,
@@ -225,7 +241,16 @@ class DataIterator:
                 pass
         for thread in self._threads:
             thread.join(timeout=10)
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
         return [thread.name for thread in self._threads if thread.is_alive()]
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process ids of the read workers now running (none with ``workers=0``)."""
+        return self._pool.pids if self._pool is not None else []
 
     def __enter__(self) -> DataIterator:
         return self
@@ -283,6 +308,9 @@ class DataIterator:
             )
 
     def _read(self, _: None) -> None:
+        if self._workers:
+            self._read_pooled()
+            return
         while True:
             item = self._get(self._instructions)
             if item is _DONE:
@@ -293,3 +321,54 @@ class DataIterator:
             batch = self._reader.read(item)
             if not self._put(self._batches, batch):
                 return
+
+    def _start_pool(self) -> ReadWorkers | None:
+        """The read workers, started now (None if the iterator is stopping)."""
+        with self._pool_lock:
+            if not self._stopping.is_set():
+                reader = self._reader
+                self._pool = ReadWorkers(reader.info, reader.lengths, self._workers, verify_crc=reader.verify_crc)
+            return self._pool
+
+    def _read_pooled(self) -> None:
+        """``_read`` through worker processes: steps go out in order, up to two per worker ahead, and their
+        batches are queued in that order. The workers start once the first batch is queued; until they
+        all have, and for skipped steps, this thread reads the step itself."""
+        ahead: collections.deque[StepReads | ClientBatch] = collections.deque()  # in step order
+        pool: ReadWorkers | None = None
+        finished = False
+        while not finished or ahead:
+            while not finished and (pool is None or pool.in_flight < 2 * pool.count):
+                if ahead:
+                    try:
+                        item = self._instructions.get_nowait()
+                    except queue.Empty:
+                        break
+                else:
+                    item = self._get(self._instructions)
+                if item is _DONE:
+                    finished = True
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                self._check_slice(item)
+                if item.skipped or pool is None or not pool.ready():
+                    ahead.append(self._reader.read(item))
+                    break  # deliver it now: the train step may be waiting for it
+                pool.send(item)
+                ahead.append(item)
+                self.workers_serving = True
+            if not ahead:
+                continue
+            head = ahead.popleft()
+            if isinstance(head, ClientBatch):
+                batch = head
+            else:
+                assert pool is not None  # only the pool's steps are instructions here
+                batch = pool.receive(head)
+            if not self._put(self._batches, batch):
+                return
+            if pool is None:
+                pool = self._start_pool()
+                if pool is None:
+                    return

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from taskdata.cache.reader import CacheReader
-from taskdata.example import pad_features
+from taskdata.example import decode_batch, decode_padded, pad_features
 from taskdata.example.packing import positions_name, segment_ids_name
 from taskdata.index import StepReads, TaskReads
 from trainer_client.assignments import AssignmentError, RunInfo
@@ -60,27 +60,37 @@ class BatchReader:
                 raise ValueError(f"Length of feature {name!r} must be a positive integer but got {length!r}.")
         self.info = info
         self.lengths = dict(lengths)
-        self._verify_crc = verify_crc
+        self.verify_crc = verify_crc
         self._readers: dict[str, tuple[CacheReader, CacheReaderTable]] = {}
         self._packed: tuple[str, ...] | None = None  # the packed features of the run's caches, once one is open
 
     def read(self, step_reads: StepReads) -> ClientBatch:
         if step_reads.skipped:
             return ClientBatch(step_reads.step, True, step_reads.global_batch_size, step_reads.positions, {})
-        per_task = [self._records(step_reads.step, t, task) for t, task in enumerate(step_reads.tasks)]
-        ordered = _interleave(per_task, step_reads.order)
+        per_task = [self._spans(step_reads.step, t, task) for t, task in enumerate(step_reads.tasks)]
+        buffer, starts, ends = _interleave(step_reads.step, per_task, step_reads.order)
         lengths = self._lengths_with_packing()
-        decoded = next(iter(self._readers.values()))[0].decode(ordered, {name: "int32" for name in lengths})
-        try:
-            features = pad_features(decoded, lengths)
-        except ValueError as error:
-            raise ValueError(
-                f"Step {step_reads.step}: {error} Raise that feature's length (the trainer's sequence length) "
-                "to at least the cache's longest example."
-            ) from None
+        features = decode_padded(buffer, starts, ends, lengths)
+        if features is None:
+            features = self._decode_generic(step_reads.step, buffer, starts, ends, lengths)
         return ClientBatch(
             step_reads.step, False, step_reads.global_batch_size, step_reads.positions, features
         )
+
+    def _decode_generic(
+        self, step: int, buffer: bytes, starts: np.ndarray, ends: np.ndarray, lengths: Mapping[str, int]
+    ) -> dict[str, np.ndarray]:
+        """What ``decode_padded`` leaves to the generic decoder: it decodes the records or says precisely
+        what is wrong with them."""
+        records = [buffer[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        decoded = decode_batch(records, {name: "int32" for name in lengths})
+        try:
+            return pad_features(decoded, lengths)
+        except ValueError as error:
+            raise ValueError(
+                f"Step {step}: {error} Raise that feature's length (the trainer's sequence length) "
+                "to at least the cache's longest example."
+            ) from None
 
     def _lengths_with_packing(self) -> dict[str, int]:
         """The trainer's lengths, plus the segment ids and positions of every packed feature it reads."""
@@ -90,10 +100,11 @@ class BatchReader:
                 lengths[segment_ids_name(name)] = lengths[positions_name(name)] = length
         return lengths
 
-    def _records(self, step: int, task_index: int, task: TaskReads) -> list[bytes]:
-        """The records of ``task``'s reads, in order, after checking every file and byte range."""
+    def _spans(self, step: int, task_index: int, task: TaskReads) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """The records of ``task``'s reads, in order (one buffer and their spans in it), after checking
+        every file and byte range."""
         if not len(task):
-            return []
+            return b"", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         found = [
             self._reader_for(task_index, uri, shard)
             for shard, uri in zip(task.files.tolist(), task.file_uris, strict=True)
@@ -116,7 +127,7 @@ class BatchReader:
                 "were made for other bytes; do not train on them."
             )
         shards, records = task.records()
-        return reader.read_records(self.info.split, shards, records)
+        return reader.read_spans(self.info.split, shards, records)
 
     def _reader_for(self, task_index: int, uri: str, shard: int) -> tuple[CacheReader, CacheReaderTable]:
         task = self.info.plan.task_names[task_index]
@@ -126,7 +137,7 @@ class BatchReader:
             # Refuses a folder whose manifest is not the one the plan pins for this task.
             reader = CacheReader(
                 version_dir,
-                verify_crc=self._verify_crc,
+                verify_crc=self.verify_crc,
                 expected_manifest_sha256=self.info.plan.caches[task].fingerprint,
             )
             packed = reader.manifest.packed_features
@@ -153,11 +164,23 @@ class BatchReader:
         self._readers.clear()
 
 
-def _interleave(per_task: Sequence[list[bytes]], order: np.ndarray) -> list[bytes]:
-    """Records in batch order: example i is the next unused record of task ``order[i]``."""
-    cursors = [0] * len(per_task)
-    out = []
-    for task_index in order.tolist():
-        out.append(per_task[task_index][cursors[task_index]])
-        cursors[task_index] += 1
-    return out
+def _interleave(
+    step: int, per_task: Sequence[tuple[bytes, np.ndarray, np.ndarray]], order: np.ndarray
+) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The tasks' records in batch order (example i is the next unused record of task ``order[i]``):
+    their buffers joined, and each example's span in the result."""
+    starts = np.zeros(len(order), dtype=np.int64)
+    ends = np.zeros(len(order), dtype=np.int64)
+    offset = 0
+    for task_index, (buffer, task_starts, task_ends) in enumerate(per_task):
+        slots = np.flatnonzero(order == task_index)
+        if len(slots) != len(task_starts):
+            raise AssignmentError(
+                f"Step {step}: the order takes {len(slots)} examples from task index {task_index}, whose reads "
+                f"hold {len(task_starts)}; the instructions contradict themselves."
+            )
+        starts[slots] = task_starts + offset
+        ends[slots] = task_ends + offset
+        offset += len(buffer)
+    buffer = per_task[0][0] if len(per_task) == 1 else b"".join(part for part, _, _ in per_task)
+    return buffer, starts, ends

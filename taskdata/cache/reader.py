@@ -97,17 +97,33 @@ class CacheReader:
         ``pread`` for local files, per run of consecutive records) and checked in one vectorized pass,
         so scattered reads (later epochs) cost about as much as contiguous ones.
         """
-        shard_array, record_array = _positions(shards, records)
+        buffer, starts, ends = self.read_spans(split, shards, records)
+        return [buffer[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+    def read_spans(
+        self, split: str, shards: Sequence[int] | np.ndarray, records: Sequence[int] | np.ndarray
+    ) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """:meth:`read_records` without a bytes object per record: one buffer, and where record i lies
+        in it, ``buffer[starts[i]:ends[i]]`` (int64 arrays; a record asked for twice is there once)."""
+        shard_array = np.asarray(shards, dtype=np.int64)
+        record_array = np.asarray(records, dtype=np.int64)
+        if shard_array.shape != record_array.shape or shard_array.ndim != 1:
+            raise ValueError("shards and records must be 1-D sequences of the same length.")
         unique = np.unique(shard_array).tolist()
         if len(unique) == 1:
             return self._gather(split, int(unique[0]), record_array)
-        out: list[bytes] = [b""] * len(shard_array)
+        parts = []
+        starts = np.zeros(len(shard_array), dtype=np.int64)
+        ends = np.zeros(len(shard_array), dtype=np.int64)
+        offset = 0
         for shard in unique:
             slots = np.flatnonzero(shard_array == shard)
-            data = self._gather(split, int(shard), record_array[slots])
-            for slot, record in zip(slots.tolist(), data, strict=True):
-                out[slot] = record
-        return out
+            buffer, shard_starts, shard_ends = self._gather(split, int(shard), record_array[slots])
+            starts[slots] = shard_starts + offset
+            ends[slots] = shard_ends + offset
+            parts.append(buffer)
+            offset += len(buffer)
+        return b"".join(parts), starts, ends
 
     def decode_records(self, split: str, shards: Sequence[int] | np.ndarray, records: Sequence[int] | np.ndarray,
                        spec: Mapping[str, str] | None = None) -> dict[str, RaggedFeature]:
@@ -115,25 +131,10 @@ class CacheReader:
         where the gathered reads put them (what the ledger does with a step's 2,048 records)."""
         from taskdata.example import decode_buffer
 
-        shard_array, record_array = _positions(shards, records)
-        buffers: list[memoryview] = []
-        starts, ends = np.empty(len(shard_array), np.int64), np.empty(len(shard_array), np.int64)
-        base = 0
-        for shard in np.unique(shard_array).tolist():
-            slots = np.flatnonzero(shard_array == shard)
-            buffer, data_starts, data_ends = self._gather_spans(split, int(shard), record_array[slots])
-            starts[slots], ends[slots] = data_starts + base, data_ends + base
-            buffers.append(buffer)
-            base += len(buffer)
-        return decode_buffer(b"".join(buffers), starts, ends, spec or feature_spec(self.manifest))
+        buffer, starts, ends = self.read_spans(split, shards, records)
+        return decode_buffer(buffer, starts, ends, spec or feature_spec(self.manifest))
 
-    def _gather(self, split: str, shard: int, records: np.ndarray) -> list[bytes]:
-        buffer, starts, ends = self._gather_spans(split, shard, records)
-        return [bytes(buffer[a:b]) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
-
-    def _gather_spans(self, split: str, shard: int, records: np.ndarray) -> tuple[memoryview, np.ndarray, np.ndarray]:
-        """One buffer holding the frames of ``records`` of one shard, verified, and where each record's data
-        lies in it, in the order asked for (a record asked for twice is listed twice)."""
+    def _gather(self, split: str, shard: int, records: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
         from taskdata.cache.tfrecord import CorruptRecordError, check_frames, truncation_reason
 
         reader, index = self._reader(split, shard)
@@ -144,7 +145,10 @@ class CacheReader:
             raise IndexError(f"Shard {reader.path} has {count} records; record {bad} is out of range. "
                              "The read plan does not match this cache version.")
         # Each distinct record once, in file order; a run of consecutive records is one read.
-        wanted, slot_of = np.unique(records, return_inverse=True)
+        if len(records) and np.all(np.diff(records) == 1):
+            wanted, slot_of = records, None  # one run (epoch 0): nothing to sort
+        else:
+            wanted, slot_of = np.unique(records, return_inverse=True)
         starts, ends = offsets[wanted], offsets[wanted + 1]
         first_of_run = np.flatnonzero(np.diff(wanted, prepend=-2) != 1)
         last_of_run = np.append(first_of_run[1:], len(wanted)) - 1
@@ -167,6 +171,9 @@ class CacheReader:
             # the file's positions (what 'taskdata verify' says), not the buffer's.
             raise CorruptRecordError(reader.path, int(wanted[whole]), int(starts[whole]),
                                      truncation_reason(file_end, int(starts[whole]), int(ends[whole])))
+        if slot_of is None:
+            return buffer, data_starts, data_ends
+        # In the order asked for (a record asked for twice is there once, named twice).
         return buffer, data_starts[slot_of], data_ends[slot_of]
 
     def _source(self, split: str, shard: int) -> _Source:
@@ -232,39 +239,31 @@ class CacheReader:
         return self._shards[key]
 
 
-def _positions(shards: Sequence[int] | np.ndarray, records: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    shard_array = np.asarray(shards, dtype=np.int64)
-    record_array = np.asarray(records, dtype=np.int64)
-    if shard_array.shape != record_array.shape or shard_array.ndim != 1:
-        raise ValueError("shards and records must be 1-D sequences of the same length.")
-    return shard_array, record_array
-
-
-def _read_runs(source: _Source, path: str, begins: list[int], sizes: list[int]) -> tuple[memoryview, int | None]:
+def _read_runs(source: _Source, path: str, begins: list[int], sizes: list[int]) -> tuple[bytes, int | None]:
     """The byte ranges ``[begins[i], begins[i] + sizes[i])`` one after another in one buffer, and None;
-    or, where the file ends early, the whole ranges before its end and the file's size."""
-    buffer = memoryview(bytearray(sum(sizes)))
-    position = 0
+    or, where the file ends early, the whole ranges before its end and the file's size.
+
+    ``bytes`` (one ``pread`` per range), so that each record's CRC is one C call on a slice of it."""
+    parts = []
     for begin, size in zip(begins, sizes, strict=True):
-        target = buffer[position : position + size]
-        # Into a buffer allocated once: one system call per range, no bytes object per range.
-        got = os.preadv(source, [target], begin) if isinstance(source, int) else 0
-        while got < size:
-            more = _read_into(source, target[got:], begin + got)
-            if not more:
-                return buffer[: position + got], os.fstat(source).st_size if isinstance(source, int) else fs.size(path)
-            got += more
-        position += size
-    return buffer, None
+        data = _read_at(source, begin, size)
+        parts.append(data)
+        if len(data) < size:
+            return b"".join(parts), os.fstat(source).st_size if isinstance(source, int) else fs.size(path)
+    return (parts[0] if len(parts) == 1 else b"".join(parts)), None
 
 
-def _read_into(source: _Source, target: memoryview, begin: int) -> int:
-    """Reads up to ``len(target)`` bytes at ``begin`` into ``target``; 0 at the end of the file."""
-    if isinstance(source, int):
-        return os.preadv(source, [target], begin)
-    source.seek(begin)
-    data = source.read(len(target))
-    target[: len(data)] = data
-    return len(data)
+def _read_at(source: _Source, begin: int, size: int) -> bytes:
+    """Up to ``size`` bytes at ``begin``; fewer only at the end of the file."""
+    if not isinstance(source, int):
+        from taskdata.cache.tfrecord import read_full
 
-
+        source.seek(begin)
+        return read_full(source, size)
+    data = os.pread(source, size, begin)
+    while 0 < len(data) < size:  # a short read is the end of the file only once a read returns nothing
+        more = os.pread(source, size - len(data), begin + len(data))
+        if not more:
+            break
+        data += more
+    return data

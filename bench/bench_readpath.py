@@ -1,0 +1,349 @@
+"""The host read path against tf.data, seqio's cached reader and bare framing + CRC, on the same cache
+files, in one run: examples/s on 1 and 2 cores, and the time to the first batch.
+
+    PYTHONPATH=. python bench/bench_readpath.py [--version-dir DIR] [--rounds 3] [--steps 300] [--write]
+
+The read path is exactly what a trainer runs: ``DataIterator`` over ``LocalAssignments`` (index math,
+ranged reads, both CRCs and each record's place checked, decode, padding to 512/114, host batch 256),
+with ``workers=0`` (its reading thread) on one core and ``workers=2`` (two read worker processes) on two.
+Its plan reads epoch 0 in order, then later epochs in blocks of 4,096 records (``EpochOrder.blocks``),
+so steps read contiguous records as tf.data does; a second row reads later epochs record by record
+(the default per-record order: 256 scattered reads a step). The peers, on the same shard files:
+
+- tf.data: ``TFRecordDataset`` (CRCs checked) -> ``batch(256)`` -> ``parse_example`` (int64 features, no
+  provenance) -> dense int32 padded to 512/114; on one core with one thread everywhere, on two with two
+  (``num_parallel_calls``, private thread pool, inter/intra-op threads);
+- seqio 0.0.20's ``use_cached`` reader (``add_cached_task``, ``get_dataset(use_cached=True)``) ->
+  ``padded_batch(256)``, on one core;
+- framing + CRC alone: ``taskdata.cache.tfrecord.iter_records`` over the files (records/s and MB/s).
+
+Every figure comes from its own process pinned with ``taskset`` (all its threads and its workers on
+those cores); configurations are alternated over ``--rounds`` rounds and the median is reported, with
+the load average (1 min) read before each run. One more row runs the 1-core read path in a process started
+with ``MALLOC_`` settings equal to the ``mallopt`` of the read workers (``trainer_client.read_workers``):
+what a trainer started with them gets. Rates are examples (records) per wall-second over a
+window after a warm-up (for ``workers=2``: after the workers have started); CPU per example counts the
+process and its workers over that window. The first-batch latency is from building the source and
+the iterator to holding the first batch, in a fresh process (imports done).
+
+Where the time went (cProfile, and timers around each phase of ``BatchReader.read``, one core, batch 256,
+this cache, before this work, when the iterator gave 30-50k examples/s): per batch ~2.9 ms decoding
+(``_decode_uniform``: a per-entry layout walk over the nine features, then a varint table over every
+byte of the records and a gather of each row), ~1.0 ms padding (``pad_features``' fancy-indexed scatter
+of 160k values), ~0.8 ms reading in epoch 0 (``read_records``: the checks, then one ``bytes`` per record,
+joined again for the decoder) and ~3 ms in later epochs (one ``preadv`` and one slice per scattered
+record), plus ~0.3 ms of index math in the fetching thread. Much of the decode and padding time was page
+faults, not arithmetic: each batch's multi-megabyte temporaries were fresh ``mmap``s that glibc gave back
+and faulted in again (with ``MALLOC_MMAP_THRESHOLD_`` raised the same code ran 2-3x faster). Now:
+records stay in the ranged read's ``bytes`` (``CacheReader.read_spans``), ``decode_padded`` checks every
+record's layout with ~10 numpy steps per feature entry (all records at once) and decodes only the wanted
+features' payloads, gathered into one array, into their padded rows (a boolean-mask copy), with its
+temporaries in a reused workspace: ``BatchReader.read`` alone ~1.6-2.5 ms a batch in epoch 0, of which ~0.3 ms reading and checking,
+~0.4 ms the layout walk (nine entries; fewer provenance features make it cheaper) and ~0.8 ms the varints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._report import write_section
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCH = 256
+LENGTHS = {"inputs": 512, "targets": 114}
+BLOCK = 4096
+WARMUP_SECONDS = 1.5  # before the window: opening files, and the workers' start
+
+
+def builtin_cache() -> str:
+    from taskdata.beam.job import CacheOptions, run_cache_job
+    from taskdata.cache.format import current_version, task_dir
+    from taskdata.config import Config
+    from taskdata.tasks import default_registry
+
+    config = Config.from_environment()
+    found = current_version(task_dir(config.cache_root, "c4_span_corruption"))
+    if found is not None:
+        return found
+    options = CacheOptions(task="c4_span_corruption", output=config.cache_root, progress=False, config=config)
+    return run_cache_job(options, default_registry(config), log=lambda m: None).version_dir
+
+
+def shard_files(version_dir: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(version_dir, "train.tfrecord-*-of-*")))
+
+
+def make_plan(version_dir: str, blocks: bool):
+    from taskdata.cache.reader import CacheReader
+    from taskdata.index import BatchSchedule, EpochOrder, RunPlan, TaskCache
+
+    with CacheReader(version_dir) as probe:
+        caches = {probe.task: TaskCache(probe.manifest_sha256, probe.record_counts("train"))}
+        task = probe.task
+    plan = RunPlan(name="bench_readpath", mixture=task, caches=caches, rates=None, seed=0,
+                   schedule=BatchSchedule(start=BATCH, end=BATCH), num_data_shards=1,
+                   **({"epoch_order": EpochOrder.blocks(BLOCK)} if blocks else {}))  # fmt: skip
+    return plan, {task: version_dir}
+
+
+def cpu_ticks(pids: list[int]) -> float:
+    """User + system seconds of these processes so far (0 for one that is gone)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def window(batches, examples_of, pids_of, steps: int) -> dict:
+    """Drains a warm-up, then times ``steps`` batches: examples, wall seconds, CPU seconds."""
+    started = time.perf_counter()
+    for warm, _ in enumerate(batches, 1):
+        if warm >= 10 and time.perf_counter() - started > WARMUP_SECONDS:
+            break
+    pids = [os.getpid(), *pids_of()]
+    cpu0, wall0, examples = cpu_ticks(pids), time.perf_counter(), 0
+    for _ in range(steps):
+        examples += examples_of(next(batches))
+    wall = time.perf_counter() - wall0
+    return {"examples": examples, "seconds": wall, "cpu": cpu_ticks(pids) - cpu0}
+
+
+def measure_readpath(version_dir: str, steps: int, workers: int, order: str) -> dict:
+    from trainer_client.assignments import HostSlice
+    from trainer_client.iterator import DataIterator
+    from trainer_client.local_source import LocalAssignments
+
+    plan, dirs = make_plan(version_dir, blocks=order == "blocks")
+    start = 0 if order == "blocks" else -(-sum(plan.caches[plan.task_names[0]].shard_record_counts) // BATCH)
+    iterator = DataIterator(LocalAssignments(plan, dirs), LENGTHS, start=start, host_slice=HostSlice(0, 1),
+                            workers=workers)  # fmt: skip
+    try:
+        while workers and not iterator.workers_serving:  # the window starts once the workers serve
+            next(iterator)
+        result = window(iterator, lambda b: len(b.features["inputs"]), lambda: iterator.worker_pids, steps)
+    finally:
+        iterator.close()
+    assert "tensorflow" not in sys.modules, "the read path imported TensorFlow"
+    return result
+
+
+def measure_first_batch(version_dir: str, workers: int) -> dict:
+    from trainer_client.assignments import HostSlice
+    from trainer_client.iterator import DataIterator
+    from trainer_client.local_source import LocalAssignments
+
+    plan, dirs = make_plan(version_dir, blocks=True)
+    started = time.perf_counter()
+    iterator = DataIterator(LocalAssignments(plan, dirs), LENGTHS, host_slice=HostSlice(0, 1), workers=workers)
+    next(iterator)
+    seconds = time.perf_counter() - started
+    iterator.close()
+    return {"seconds": seconds}
+
+
+def tf_threads(cores: int):
+    import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(cores)
+    tf.config.threading.set_intra_op_parallelism_threads(cores)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = cores
+    options.autotune.enabled = False
+    return tf, options
+
+
+def measure_tfdata(version_dir: str, steps: int, cores: int) -> dict:
+    tf, options = tf_threads(cores)
+    spec = {name: tf.io.RaggedFeature(tf.int64) for name in LENGTHS}
+
+    def parse(records):
+        parsed = tf.io.parse_example(records, spec)
+        return {name: tf.cast(parsed[name].to_tensor(shape=[None, length]), tf.int32) for name, length in LENGTHS.items()}
+
+    dataset = (tf.data.TFRecordDataset(shard_files(version_dir)).repeat().batch(BATCH, drop_remainder=True)
+               .map(parse, num_parallel_calls=cores if cores > 1 else None, deterministic=True)
+               .prefetch(cores).with_options(options))  # fmt: skip
+    return window(iter(dataset), lambda b: int(b["inputs"].shape[0]), lambda: [], steps)
+
+
+def measure_seqio(version_dir: str, steps: int) -> dict:
+    from taskdata.seqio_bridge import add_cached_task, import_seqio
+
+    seqio = import_seqio()
+    tf, options = tf_threads(1)
+    vocabulary = seqio.PassThroughVocabulary(size=1 << 20)
+    task = seqio.get_mixture_or_task(add_cached_task(version_dir, {name: seqio.Feature(vocabulary) for name in LENGTHS}))
+    dataset = (task.get_dataset(split="train", use_cached=True, shuffle=False).repeat()
+               .map(lambda x: {name: tf.cast(x[name], tf.int32) for name in LENGTHS})
+               .padded_batch(BATCH, padded_shapes={name: [length] for name, length in LENGTHS.items()})
+               .with_options(options))  # fmt: skip
+    return window(iter(dataset), lambda b: int(b["inputs"].shape[0]), lambda: [], steps)
+
+
+def measure_framing(version_dir: str, passes: int) -> dict:
+    from taskdata.cache.tfrecord import iter_records
+
+    files = shard_files(version_dir)
+
+    def records():
+        while True:
+            for path in files:
+                with open(path, "rb") as f:
+                    yield from iter_records(f, path)
+
+    result = window(records(), lambda r: 1, lambda: [], passes)
+    from taskdata.cache.reader import CacheReader
+
+    with CacheReader(version_dir) as reader:
+        count = sum(reader.record_counts("train"))
+    result["bytes_per_record"] = sum(os.path.getsize(p) for p in files) / count
+    return result
+
+
+def measure_check(version_dir: str) -> dict:
+    """The peer computes the same thing: the first batch of the read path's epoch 0 equals tf.data's."""
+    import numpy as np
+
+    from trainer_client.assignments import HostSlice
+    from trainer_client.local_source import LocalAssignments
+    from trainer_client.reading import BatchReader
+
+    plan, dirs = make_plan(version_dir, blocks=True)
+    source = LocalAssignments(plan, dirs)
+    ours = BatchReader(source.run_info(), LENGTHS).read(source.fetch(0, 1, HostSlice(0, 1))[0]).features
+    tf, _ = tf_threads(1)
+    spec = {name: tf.io.RaggedFeature(tf.int64) for name in LENGTHS}
+    theirs = next(iter(tf.data.TFRecordDataset(shard_files(version_dir)).batch(BATCH)
+                       .map(lambda r: tf.io.parse_example(r, spec))))  # fmt: skip
+    for name, length in LENGTHS.items():
+        if not np.array_equal(ours[name], theirs[name].to_tensor(shape=[None, length]).numpy()):
+            raise AssertionError(f"feature {name!r}: the read path and tf.data disagree on the first batch")
+    return {"equal": True}
+
+
+CONFIGS = [  # (label, cores, measurement arguments)
+    ("read path, workers=0, epoch 0 then blocks of 4,096", "0", ["readpath", "--workers", "0", "--order", "blocks"]),
+    ("tf.data TFRecordDataset + parse_example + padding, 1 thread", "0", ["tfdata", "--cores", "1"]),
+    ("read path, workers=2, epoch 0 then blocks of 4,096", "0,1", ["readpath", "--workers", "2", "--order", "blocks"]),
+    ("tf.data TFRecordDataset + parse_example + padding, 2 threads", "0,1", ["tfdata", "--cores", "2"]),
+    ("read path, workers=0, epoch 0 then blocks, trainer started with the read workers' MALLOC_ settings", "0",
+     ["readpath", "--workers", "0", "--order", "blocks", "--malloc"]),
+    ("read path, workers=0, later epochs record by record (256 scattered reads a step)", "0",
+     ["readpath", "--workers", "0", "--order", "records"]),
+    ("read path, workers=2, later epochs record by record", "0,1", ["readpath", "--workers", "2", "--order", "records"]),
+    ("seqio 0.0.20 use_cached reader + padded_batch", "0", ["seqio"]),
+    ("framing + both CRCs alone (iter_records, pure Python)", "0", ["framing"]),
+    ("first batch, workers=0", "0", ["first", "--workers", "0"]),
+    ("first batch, workers=2", "0,1", ["first", "--workers", "2"]),
+]
+
+
+def run_one(version_dir: str, cores: str, arguments: list[str], steps: int) -> dict:
+    from trainer_client.read_workers import MMAP_THRESHOLD, TRIM_THRESHOLD
+
+    malloc = ({"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
+              if "--malloc" in arguments else {})  # fmt: skip
+    arguments = [a for a in arguments if a != "--malloc"]
+    command = ["taskset", "-c", cores, sys.executable, os.path.abspath(__file__), "--version-dir", version_dir,
+               "--steps", str(steps), "--measure", *arguments]  # fmt: skip
+    load = os.getloadavg()[0]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **malloc, "PYTHONPATH": REPO},
+                          check=False, timeout=600)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["load"] = load
+    return result
+
+
+def summarize(label: str, runs: list[dict]) -> tuple[str, float]:
+    load = f"load average {min(r['load'] for r in runs):.1f}-{max(r['load'] for r in runs):.1f}"
+    if "examples" not in runs[0]:
+        values = sorted(r["seconds"] * 1e3 for r in runs)
+        return f"{label}: {statistics.median(values):.0f} ms (runs {', '.join(f'{v:.0f}' for v in values)}; {load})", 0.0
+    rates = sorted(r["examples"] / r["seconds"] for r in runs)
+    rate = statistics.median(rates)
+    unit = "records/s" if "bytes_per_record" in runs[0] else "examples/s"
+    cpu = statistics.median(r["cpu"] / r["examples"] * 1e6 for r in runs)
+    extra = f", {rate * runs[0]['bytes_per_record'] / 1e6:.0f} MB/s" if "bytes_per_record" in runs[0] else ""
+    return (f"{label}: {rate:,.0f} {unit}{extra} (runs {', '.join(f'{v:,.0f}' for v in rates)}; "
+            f"{cpu:.1f} CPU-us each; {load})", rate)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--version-dir", help="a c4_span_corruption-shaped cache version (default: the built-in one)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=300, help="batches in each timed window")
+    parser.add_argument("--write", action="store_true", help="write the figures into BENCHMARKS.md")
+    parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--order", default="blocks", help=argparse.SUPPRESS)
+    parser.add_argument("--cores", type=int, default=1, help=argparse.SUPPRESS)
+    args, extra = parser.parse_known_args()
+    if args.measure:
+        measure(args, [*args.measure, *extra])
+        return
+    version_dir = os.path.abspath(args.version_dir or builtin_cache())
+    run_one(version_dir, "0", ["check"], 1)
+    results: dict[str, list[dict]] = {label: [] for label, _, _ in CONFIGS}
+    for round_index in range(args.rounds):
+        for label, cores, arguments in CONFIGS:
+            steps = args.steps // 5 if arguments[0] == "seqio" else args.steps
+            results[label].append(run_one(version_dir, cores, arguments, steps))
+            print(f"round {round_index + 1}: {summarize(label, results[label][-1:])[0]}", flush=True)
+    lines = [f"cache {version_dir} ({len(shard_files(version_dir))} shards), host batch {BATCH}, padded to "
+             f"{LENGTHS['inputs']}/{LENGTHS['targets']}, CRCs checked everywhere; windows of {args.steps} batches "
+             f"({args.steps // 5} for seqio) after a {WARMUP_SECONDS} s warm-up; median of {args.rounds} alternated rounds; "
+             "each run pinned with taskset to core 0 (1 core) or cores 0,1 (2 cores)"]  # fmt: skip
+    rates = {}
+    for label, cores, _ in CONFIGS:
+        line, rate = summarize(label, results[label])
+        rates[label] = rate
+        lines.append(f"{'2 cores' if ',' in cores else '1 core'}, {line}")
+    ours1, ours2 = rates[CONFIGS[0][0]], rates[CONFIGS[2][0]]
+    tf1, tf2 = rates[CONFIGS[1][0]], rates[CONFIGS[3][0]]
+    tuned = rates[CONFIGS[4][0]]
+    lines.append(f"read path / tf.data: {ours1 / tf1:.2f}x on 1 core (target >= 1; {tuned / tf1:.2f}x with the MALLOC_ "
+                 f"settings), {ours2 / tf2:.2f}x on 2 cores; "
+                 f"read path 2 cores / 1 core: {ours2 / ours1:.2f}x (target >= 1.6); tf.data 2 / 1: {tf2 / tf1:.2f}x")
+    print("\n".join(lines))
+    if args.write:
+        write_section("Host read path against tf.data", lines)
+
+
+def measure(args: argparse.Namespace, what: list[str]) -> None:
+    kind = what[0]
+    if kind == "readpath":
+        result = measure_readpath(args.version_dir, args.steps, args.workers, args.order)
+    elif kind == "first":
+        result = measure_first_batch(args.version_dir, args.workers)
+    elif kind == "tfdata":
+        result = measure_tfdata(args.version_dir, args.steps, args.cores)
+    elif kind == "seqio":
+        result = measure_seqio(args.version_dir, args.steps)
+    elif kind == "framing":
+        result = measure_framing(args.version_dir, args.steps * BATCH)
+    elif kind == "check":
+        result = measure_check(args.version_dir)
+    else:
+        raise SystemExit(f"unknown measurement {kind!r}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

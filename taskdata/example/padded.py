@@ -1,0 +1,187 @@
+"""Int features of a batch of ``tf.train.Example`` records decoded straight into zero-padded arrays.
+
+``decode_padded`` is the trainer's hot path: records that lie at spans of one buffer (a ranged read)
+become one ``[records, length]`` int32 array per feature, without a Python object per record or per
+value. It is a fast path only: it takes the layout of record 0 (its feature keys and kinds, in stored
+order, whatever they are) and checks every byte of every record's structure against it with numpy,
+one step per feature entry for all records at once; the values of the wanted features are decoded
+together as varints. Whatever it cannot prove (another layout in some record, a malformed length, a
+value of 2**28 or more, a row longer than its length) makes it return None, and the caller takes the
+generic path (``decode_buffer`` + ``pad_features``), which decodes the records or raises the precise
+error. It never returns another answer than that path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from taskdata.example.batch import _WORKSPACE, _layout
+from taskdata.example.wire import _INT_TAG, _varint
+
+__all__ = ["decode_padded"]
+
+
+def decode_padded(
+    buffer: bytes | bytearray | memoryview,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    lengths: Mapping[str, int],
+) -> dict[str, np.ndarray] | None:
+    """``{name: int32 [records, lengths[name]]}``, record ``i`` read from ``buffer[starts[i]:ends[i]]``
+    and its values zero-padded; None if the generic path must decide (see the module docstring).
+
+    Spans may come in any order and repeat. Every feature of ``lengths`` must be an Int64List.
+    """
+    if not lengths:
+        return None  # nothing to decode, but the records are still checked: the generic path's call
+    if len(starts) == 0:
+        return {name: np.zeros((0, length), dtype=np.int32) for name, length in lengths.items()}
+    view = memoryview(buffer).cast("B")
+    size = len(view)
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    first = bytes(view[int(starts[0]) : int(ends[0])])
+    layout = _layout(first, 0, len(first))
+    if layout is None:
+        return None
+    # Positions are clamped to the buffer's end once per entry; the padding holds what an entry's
+    # structure can read past that (a few varints and its key).
+    raw = _WORKSPACE.get("padded_records", size + 64 + max((len(key) for key, _ in layout), default=0), np.uint8)
+    raw[:size] = np.frombuffer(view, dtype=np.uint8)
+    raw[size:] = 0
+    wanted = {name.encode("utf-8"): name for name in lengths}
+    if {key: tag for key, tag in layout if key in wanted} != dict.fromkeys(wanted, _INT_TAG):
+        return None
+    try:
+        spans = _int_payloads(raw, size, starts, ends, layout, wanted)
+        if spans is None:
+            return None
+    except _Refused:
+        return None
+    names = list(lengths)
+    pieces = [view[b:e] for name in names for b, e in zip(spans[name][0].tolist(), spans[name][1].tolist(), strict=True)]
+    return _varint_rows(b"".join(pieces), [spans[name][1] - spans[name][0] for name in names], lengths)
+
+
+class _Refused(Exception):
+    """Records this path does not take (a length of 2**21 or more)."""
+
+
+def _int_payloads(
+    raw: np.ndarray, size: int, starts: np.ndarray, ends: np.ndarray, layout: list[tuple[bytes, int]],
+    wanted: Mapping[bytes, str],
+) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """(begin, end) of the packed values of each wanted feature in every record; None unless every
+    record is exactly ``Example{features{entry...}}`` with ``layout``'s entries, in order, and nothing else.
+
+    Each entry is ``0A len 0A len(key) key 12 len Feature``; a wanted one's Feature is ``1A len`` then
+    an empty Int64List or ``0A len values``. Every length must end exactly where its message ends.
+    """
+    words = np.ndarray((len(raw) - 3,), dtype="<u4", buffer=raw, strides=(1,))
+    checks = [raw[starts] == 0x0A]
+    length, pos = _lengths_at(raw, words, starts + 1)
+    checks.append(pos + length == ends)
+    found = {}
+    for key, _tag in layout:
+        checks.append(raw[pos] == 0x0A)
+        length, pos = _lengths_at(raw, words, pos + 1)
+        entry_end = np.minimum(pos + length, size + 1)
+        prefix = np.frombuffer(b"\x0a" + _varint(len(key)) + key + b"\x12", dtype=np.uint8)
+        checks.append((raw[pos[:, None] + np.arange(len(prefix))] == prefix).all(axis=1))
+        length, pos = _lengths_at(raw, words, pos + len(prefix))
+        checks.append(pos + length == entry_end)
+        name = wanted.get(key)
+        if name is not None:
+            checks.append(raw[pos] == _INT_TAG)
+            length, pos = _lengths_at(raw, words, pos + 1)
+            checks.append(pos + length == entry_end)
+            # An empty Int64List has no packed field: its payload is empty.
+            nonempty = pos < entry_end
+            checks.append(~nonempty | (raw[pos] == 0x0A))
+            length, payload = _lengths_at(raw, words, pos + 1)
+            checks.append(~nonempty | (payload + length == entry_end))
+            found[name] = (np.where(nonempty, payload, entry_end), entry_end)
+        pos = entry_end
+    checks.append(pos == ends)
+    if not np.logical_and.reduce(checks, axis=None):
+        return None
+    return found
+
+
+def _lengths_at(raw: np.ndarray, words: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(value, position after it) of the varint at each of ``pos``; ``_Refused`` if one is longer than
+    3 bytes (2**21 or more: no length of a record this path takes)."""
+    byte = raw[pos]
+    if byte.max() < 0x80:  # the common case: every length below 128
+        return byte.astype(np.int64), pos + 1
+    word = words[pos].astype(np.int64)
+    more = (word >> 7) & 1
+    more2 = more & (word >> 15)
+    if np.any(more2 & (word >> 23)):
+        raise _Refused
+    value = (word & 0x7F) | (((word >> 8) & 0x7F) << 7) * more | (((word >> 16) & 0x7F) << 14) * more2
+    return value, pos + 1 + more + more2
+
+
+def _varint_rows(
+    data: bytes, row_bytes: list[np.ndarray], lengths: Mapping[str, int]
+) -> dict[str, np.ndarray] | None:
+    """Decodes ``data``: for each feature of ``lengths`` in turn, one packed varint payload per record,
+    of ``row_bytes[f][i]`` bytes. None if a payload does not end on a varint's last byte, a value needs
+    more than 4 bytes (2**28 or more) or a row has more values than its length.
+
+    Temporaries live in the thread's workspace: fresh arrays of this size cost more in page faults
+    than the arithmetic done in them.
+    """
+    work = _WORKSPACE
+    total = len(data)
+    raw = work.get("padded_raw", total + 4, np.uint8)
+    raw[:total] = np.frombuffer(data, dtype=np.uint8)
+    raw[total:] = 0
+    bounds = np.concatenate(([0], np.cumsum(np.concatenate(row_bytes))))
+    nonempty = np.flatnonzero(np.diff(bounds))
+    if len(nonempty) and raw[bounds[nonempty + 1] - 1].max() >= 0x80:
+        return None  # a payload ends inside a varint
+    varint_ends = np.flatnonzero(np.less(raw[:total], 0x80, out=work.get("padded_is_end", total, bool)))
+    count = len(varint_ends)
+    firsts = work.get("padded_firsts", count, np.int64)
+    firsts[:1] = 0
+    np.add(varint_ends[:-1], 1, out=firsts[1:])
+    # The 4-byte little-endian word at each varint's first byte; the continuation bits (bit 7 of each
+    # byte) say which of its bytes belong to the varint, whose 7-bit groups are then put together.
+    every = work.get("padded_every", total, np.uint32)
+    np.copyto(every, np.ndarray((total,), dtype="<u4", buffer=raw, strides=(1,)))
+    words = np.take(every, firsts, out=work.get("padded_words", count, np.uint32))
+    scratch = work.get("padded_scratch", count, np.uint32)
+    values = np.bitwise_and(words, 0x7F, out=work.get("padded_values", count, np.uint32))
+    more = work.get("padded_more", count, np.uint32)
+    np.right_shift(words, 7, out=more)
+    more &= 1
+    for byte in (1, 2, 3):  # more: 1 where bytes 0 .. byte - 1 all continue
+        np.right_shift(words, byte, out=scratch)
+        scratch &= 0x7F << (7 * byte)
+        scratch *= more
+        values |= scratch
+        np.right_shift(words, 8 * byte + 7, out=scratch)
+        more &= scratch
+        if not more.any():
+            break
+    else:
+        return None  # a varint of 5 bytes or more
+    signed = values.view(np.int32)  # below 2**28
+    before = np.searchsorted(varint_ends, bounds)  # varints that end before each row's first byte
+    out = {}
+    records = len(row_bytes[0])
+    for f, (name, length) in enumerate(lengths.items()):
+        first = before[f * records : (f + 1) * records + 1]
+        counts = np.diff(first)
+        if counts.max() > length:
+            return None  # the generic path names the feature and the length
+        padded = np.zeros((records, length), dtype=np.int32)
+        filled = work.get("padded_filled", records * length, bool).reshape(records, length)
+        np.less(np.arange(length), counts[:, None], out=filled)
+        padded[filled] = signed[first[0] : first[-1]]
+        out[name] = padded
+    return out

@@ -1,0 +1,235 @@
+"""DataIterator(workers=N): the batches of the in-process reader, byte for byte, from worker processes that
+stop with the iterator (or with the process that started them) and report errors as the reader would."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from taskdata.cache.tfrecord import CorruptRecordError
+from taskdata.index import SkipRange
+from taskdata.runs import CacheResolver, RunStore
+from tests.client_helpers import LENGTHS, REPO, features_equal, shared_root
+from trainer_client.assignments import HostSlice
+from trainer_client.iterator import DataIterator, DataState
+from trainer_client.local_source import LocalAssignments
+from trainer_client.read_workers import ReadWorkerError
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return shared_root(tmp_path_factory)
+
+
+def local(root, run="mix4"):
+    return LocalAssignments.from_cache_root(RunStore(root).get(run), root)
+
+
+def collect(source, host_slice, *, start=0, stop=40, workers=0, **kwargs):
+    """The batches of steps [start, stop); with workers, taken slowly until the workers serve (the reading
+    thread reads the first steps itself while they start), and then most of them come from the workers."""
+    batches = []
+    with DataIterator(source, LENGTHS, start=start, host_slice=host_slice, stop_step=stop, workers=workers,
+                      **kwargs) as it:  # fmt: skip
+        for batch in it:
+            batches.append((batch.step, batch.features))
+            if workers and not it.workers_serving:
+                time.sleep(0.05)
+        assert it.workers_serving == bool(workers)
+    return batches
+
+
+def gone(pid: int, timeout: float = 10.0) -> bool:
+    """Whether process ``pid`` has exited (and been reaped, or is a zombie of a dead parent) within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def same(a, b) -> bool:
+    return [s for s, _ in a] == [s for s, _ in b] and all(
+        features_equal(x, y) and all(x[k].tobytes() == y[k].tobytes() for k in x)
+        for (_, x), (_, y) in zip(a, b, strict=True))  # fmt: skip
+
+
+def test_workers_deliver_the_batches_of_the_in_process_reader_byte_for_byte(root):
+    # 120 steps of 16: several epochs of the toy caches (about 345 records each), so scattered reads too.
+    for host_slice in (HostSlice(0, 1), HostSlice(1, 4)):
+        plain = collect(local(root), host_slice, stop=120)
+        for workers in (1, 3):
+            assert same(collect(local(root), host_slice, stop=120, workers=workers, prefetch=2), plain)
+    # Negative control: another seed's run gives other batches after the first epoch.
+    other = collect(local(root, "other_seed"), HostSlice(0, 1), start=200, stop=260, workers=2)
+    mine = collect(local(root), HostSlice(0, 1), start=200, stop=260, workers=2)
+    assert not any(features_equal(a[1], b[1]) for a, b in zip(other, mine, strict=True))
+
+
+def test_resuming_with_workers_gives_the_tail_of_the_uninterrupted_run(root):
+    uninterrupted = collect(local(root), HostSlice(2, 4), stop=120)
+    fingerprint = local(root).run_info().fingerprint
+    for k in (1, 37):
+        resumed = collect(local(root), HostSlice(2, 4), start=DataState(k, fingerprint), stop=120, workers=2)
+        assert same(resumed, uninterrupted[k:])
+    with DataIterator(local(root), LENGTHS, host_slice=HostSlice(2, 4), stop_step=120, workers=2) as it:
+        for _ in range(20):
+            next(it)
+        first_pids = it.worker_pids
+        it.restore(DataState(5, fingerprint))
+        assert all(gone(pid) for pid in first_pids)  # the old workers stopped with the old position
+        assert same([(b.step, b.features) for b in it], uninterrupted[5:])
+
+
+def test_skipped_steps_with_workers_deliver_no_data_and_shift_nothing(root):
+    plan = RunStore(root).get("mix4").plan
+    skipping = type(plan)(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__}, "skip": (SkipRange(30, 33),)})
+    dirs = {c.task: c.version_dir for c in CacheResolver(root).resolve_run(RunStore(root).get("mix4"))}
+    with DataIterator(LocalAssignments(skipping, dirs), LENGTHS, host_slice=HostSlice(0, 4), stop_step=40,
+                      workers=2) as it:  # fmt: skip
+        batches = list(it)
+    plain = collect(LocalAssignments(plan, dirs), HostSlice(0, 4))
+    assert [b.step for b in batches if b.skipped] == [30, 31, 32]
+    assert all(features_equal(b.features, f) for b, (_, f) in zip(batches, plain, strict=True) if not b.skipped)
+
+
+def test_closing_the_iterator_ends_every_worker(root):
+    it = DataIterator(local(root), LENGTHS, host_slice=HostSlice(0, 1), workers=2)
+    while not it.workers_serving:
+        next(it)
+    pids = it.worker_pids
+    assert len(pids) == 2 and all(not gone(pid, timeout=0) for pid in pids)
+    it.close()
+    assert it.worker_pids == [] and all(gone(pid) for pid in pids)
+
+
+def test_workers_do_not_outlive_a_killed_trainer(root):
+    script = (
+        "import sys, time\n"
+        "from taskdata.runs import RunStore\n"
+        "from tests.client_helpers import LENGTHS\n"
+        "from trainer_client.assignments import HostSlice\n"
+        "from trainer_client.iterator import DataIterator\n"
+        "from trainer_client.local_source import LocalAssignments\n"
+        f"source = LocalAssignments.from_cache_root(RunStore({root!r}).get('mix4'), {root!r})\n"
+        "it = DataIterator(source, LENGTHS, host_slice=HostSlice(0, 1), workers=2)\n"
+        "while not it.workers_serving:\n"
+        "    next(it)\n"
+        "print(*it.worker_pids, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": REPO})  # fmt: skip
+    try:
+        pids = [int(p) for p in trainer.stdout.readline().split()]
+        assert len(pids) == 2 and all(not gone(pid, timeout=0) for pid in pids)
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    assert all(gone(pid) for pid in pids), "a read worker outlived the process that started it"
+
+
+def test_a_read_error_in_a_worker_reaches_the_train_loop_with_its_type_and_place(tmp_path, root):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(root, copy)
+    dirs = {c.task: c.version_dir.replace(root, copy, 1)
+            for c in CacheResolver(root).resolve_run(RunStore(root).get("mix4"))}  # fmt: skip
+    plan = RunStore(root).get("mix4").plan
+    clean = collect(LocalAssignments(plan, dirs), HostSlice(0, 1), stop=200)
+    with DataIterator(LocalAssignments(plan, dirs), LENGTHS, host_slice=HostSlice(0, 1), stop_step=200, prefetch=1,
+                      workers=2) as it:  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not it.workers_serving and time.monotonic() < deadline:
+            assert features_equal(next(it).features, clean[it.state().step - 1][1])
+            time.sleep(0.02)  # let the workers start before the reading thread has read everything
+        # Damage a record of a step well past what has been read: only a worker reads it.
+        target = LocalAssignments(plan, dirs).fetch(it.state().step + 10, 1, HostSlice(0, 1))[0].tasks[1]
+        shard, record = int(target.shard[0]), int(target.first_record[0])
+        path = f"{dirs['toy_random']}/train.tfrecord-{shard:05d}-of-00003"
+        with open(path, "r+b") as f:
+            f.seek(int(target.byte_offset[0]) + 14)  # inside the record's payload
+            f.write(b"\xff\xfe")
+        with pytest.raises(CorruptRecordError, match=rf"-of-00003: record {record} at byte offset") as error:
+            for batch in it:
+                assert features_equal(batch.features, clean[batch.step][1])
+        assert error.value.path.endswith(path.rsplit("/", 1)[1]) and error.value.record_index == record
+        assert error.value.reason == "the CRC of the record data does not match"
+        with pytest.raises(CorruptRecordError):
+            next(it)
+
+
+def test_the_read_path_and_its_workers_do_not_import_tensorflow(root):
+    script = (
+        "import sys, time\n"
+        "from taskdata.runs import RunStore\n"
+        "from tests.client_helpers import LENGTHS\n"
+        "from trainer_client.assignments import HostSlice\n"
+        "from trainer_client.iterator import DataIterator\n"
+        "from trainer_client.local_source import LocalAssignments\n"
+        "from trainer_client.read_workers import _serve\n"
+        f"source = LocalAssignments.from_cache_root(RunStore({root!r}).get('mix4'), {root!r})\n"
+        "with DataIterator(source, LENGTHS, host_slice=HostSlice(0, 1), stop_step=120, workers=1) as it:\n"
+        "    for _ in it:\n"
+        "        time.sleep(0 if it.workers_serving else 0.05)\n"
+        "    assert it.workers_serving\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'jax', 'seqio')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": REPO})  # fmt: skip
+    assert done.stdout.strip() == "[]", done.stdout
+    # Negative control: the check sees TensorFlow when it is imported.
+    seen = subprocess.run([sys.executable, "-c", "import sys, tensorflow; print('tensorflow' in sys.modules)"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert seen.stdout.strip() == "True"
+
+
+def test_workers_must_be_a_count():
+    with pytest.raises(ValueError, match=r"workers must be an integer >= 0 \(0: read in this process\) but got -1"):
+        DataIterator(None, LENGTHS, workers=-1)  # type: ignore[arg-type]
+
+
+def test_keep_batch_memory_stops_the_page_faults_of_each_batchs_temporaries():
+    # A batch's temporaries (a record buffer, varint ends, words, padded output), allocated and freed again
+    # and again: glibc gives their memory back and faults it in anew each time, unless told to keep it.
+    script = (
+        "import resource, sys, numpy as np\n"
+        "from trainer_client.read_workers import keep_batch_memory\n"
+        "if sys.argv[1] == 'keep':\n"
+        "    keep_batch_memory()\n"
+        "def batch():\n"
+        "    arrays = [np.ones(n, np.uint8) for n in (300_000, 1_300_000, 1_280_000, 640_000)]\n"
+        "for _ in range(5):\n"
+        "    batch()\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "for _ in range(100):\n"
+        "    batch()\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n"
+    )
+    faults = {mode: int(subprocess.run([sys.executable, "-c", script, mode], cwd=REPO, capture_output=True, text=True,
+                                       check=True, env={**os.environ, "PYTHONPATH": REPO}).stdout)
+              for mode in ("keep", "default")}
+    assert faults["keep"] < 100 < 10_000 < faults["default"], faults
+
+
+def test_a_worker_that_dies_is_an_error_in_the_train_loop_naming_it(root):
+    with DataIterator(local(root), LENGTHS, host_slice=HostSlice(0, 1), prefetch=1, workers=2) as it:
+        while not it.workers_serving:
+            next(it)
+            time.sleep(0.05)
+        victim = it.worker_pids[1]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(ReadWorkerError, match=rf"Read worker 1 \(pid {victim}\) exited with code -9"):
+            for _ in range(50):
+                next(it)
+    assert gone(victim) and it.worker_pids == []

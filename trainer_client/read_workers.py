@@ -1,0 +1,308 @@
+"""Worker processes that read whole host batches: the read path on more than one core.
+
+``ReadWorkers`` starts ``count`` processes (running this module's ``main``), each with its own
+``BatchReader`` over the same run. Step ``k`` of a session goes to worker ``k mod count`` and its
+batch comes back from that worker, so batches are delivered in step order and are byte for byte the
+ones one in-process reader gives (``BatchReader.read`` is a function of the step's instructions).
+
+Nothing is pickled: a worker gets its run as the plan's JSON, each step as the ``/shards`` wire JSON
+of its instructions (``taskdata.index.to_json``), and answers with a JSON header followed by the raw
+int32 bytes of each feature, over a pair of pipes of its own (its stdout stays free for logs). A
+worker ends when its request pipe closes, so it cannot outlive the process that started it; ``close``
+also waits for each one to exit (and kills it after a timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import io
+import json
+import os
+import queue
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import IO, Any
+
+import numpy as np
+
+from taskdata.cache.format import CacheFormatError
+from taskdata.cache.tfrecord import CorruptRecordError
+from taskdata.index import RunPlan, StepReads, from_json, to_json
+from trainer_client.assignments import AssignmentError, RunInfo
+from trainer_client.reading import BatchReader, ClientBatch
+
+__all__ = ["ReadWorkerError", "ReadWorkers", "keep_batch_memory"]
+
+_LENGTH = struct.Struct("<Q")
+# What a worker sets glibc's malloc to (as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ would): keep
+# the memory of a batch for the next one instead of returning it to the system and faulting it in again
+# (each batch allocates and frees megabytes: ~20% of a worker's CPU under load).
+MMAP_THRESHOLD, TRIM_THRESHOLD = 16 << 20, 128 << 20
+# Errors a worker reports by name and that are raised again, with that type and message, in the train
+# loop (a subclass as the first of these it is an instance of; CorruptRecordError with all its fields).
+_ERRORS: dict[str, type[Exception]] = {
+    "AssignmentError": AssignmentError,
+    "CacheFormatError": CacheFormatError,
+    "IndexError": IndexError,
+    "ValueError": ValueError,
+}
+
+
+class ReadWorkerError(RuntimeError):
+    """A read worker failed in a way that is not an error of the data (it exited, or broke the protocol)."""
+
+
+def _send(out: IO[bytes], *parts: bytes | memoryview) -> None:
+    """One message: the length of ``parts[0]``, then every part (the receiver knows the sizes of the rest)."""
+    out.write(_LENGTH.pack(len(parts[0])))
+    for part in parts:
+        out.write(part)
+    out.flush()
+
+
+def _receive_exactly(source: io.FileIO, target: memoryview, what: str) -> None:
+    got = 0
+    while got < len(target):
+        more = source.readinto(target[got:])
+        if not more:
+            raise EOFError(f"the pipe closed {len(target) - got} bytes before the end of {what}")
+        got += more
+
+
+def _receive_message(source: io.FileIO, what: str) -> bytes:
+    header = bytearray(_LENGTH.size)
+    _receive_exactly(source, memoryview(header), what)
+    body = bytearray(_LENGTH.unpack(header)[0])
+    _receive_exactly(source, memoryview(body), what)
+    return bytes(body)
+
+
+def _widen(pipe: int) -> None:
+    """Makes a pipe hold 1 MiB (Linux's default limit for unprivileged processes; elsewhere a no-op): a
+    whole batch of 256 x (512 + 114) int32, so that a worker writes it without waiting for the reader
+    64 KiB at a time."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(pipe, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except (ImportError, OSError):
+        pass
+
+
+class _Worker:
+    def __init__(self, index: int, setup: bytes):
+        requests_read, requests_write = os.pipe()
+        replies_read, replies_write = os.pipe()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", "from trainer_client.read_workers import main; main()",
+                 "--requests", str(requests_read), "--replies", str(replies_write)],
+                pass_fds=(requests_read, replies_write),
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        finally:
+            os.close(requests_read)
+            os.close(replies_write)
+        _widen(replies_read)
+        _widen(requests_write)  # the setup (a plan's JSON) is written before the worker has started reading
+        self.index = index
+        self.requests = os.fdopen(requests_write, "wb")
+        self.replies = os.fdopen(replies_read, "rb", buffering=0)
+        self.ready = False
+        _send(self.requests, setup)
+
+    def poll_ready(self) -> bool:
+        """Whether the worker has said it is ready (its imports and reader set up); never blocks."""
+        if not self.ready and select.select([self.replies], [], [], 0)[0]:
+            self._take_ready()
+        return self.ready
+
+    def _take_ready(self) -> None:
+        reply = json.loads(self._receive("its ready message"))
+        if reply != {"ready": True}:
+            raise ReadWorkerError(f"Read worker {self.index} (pid {self.process.pid}) did not start: {reply}")
+        self.ready = True
+
+    def _receive(self, what: str) -> bytes:
+        try:
+            return _receive_message(self.replies, what)
+        except EOFError as error:
+            raise self._ended(error) from None
+
+    def _ended(self, error: EOFError) -> ReadWorkerError:
+        code = self.process.wait(timeout=10)
+        return ReadWorkerError(
+            f"Read worker {self.index} (pid {self.process.pid}) exited with code {code} ({error}); see its "
+            "output above. Read with workers=0 to get the error in this process."
+        )
+
+    def request(self, step_reads: StepReads) -> None:
+        _send(self.requests, to_json(step_reads, "base64"))
+
+    def batch(self, step_reads: StepReads) -> ClientBatch:
+        """The batch of the oldest step sent to this worker (``step_reads``)."""
+        if not self.ready:
+            self._take_ready()
+        header = json.loads(self._receive(f"the header of step {step_reads.step}"))
+        if "error" in header:
+            kind, message = header["error"]
+            if kind == "CorruptRecordError":
+                raise CorruptRecordError(*message)
+            raise _ERRORS.get(kind, ReadWorkerError)(message)
+        if header["step"] != step_reads.step:
+            raise ReadWorkerError(
+                f"Read worker {self.index} answered step {header['step']} when step {step_reads.step} was due."
+            )
+        features = {}
+        for name, rows, length in header["features"]:
+            array = np.empty((rows, length), dtype=np.int32)
+            try:
+                _receive_exactly(self.replies, array.data.cast("B"), f"feature {name!r} of step {step_reads.step}")
+            except EOFError as error:
+                raise self._ended(error) from None
+            features[name] = array
+        return ClientBatch(step_reads.step, False, step_reads.global_batch_size, step_reads.positions, features)
+
+    def close(self, timeout: float) -> None:
+        with contextlib.suppress(BrokenPipeError):  # a worker that is gone already
+            self.requests.close()  # the worker's signal to exit
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.replies.close()
+
+
+class ReadWorkers:
+    """``count`` read worker processes for one run; step ``k`` of each session goes to worker ``k mod count``.
+
+    Not thread-safe: one thread sends the requests and takes the batches, in step order.
+    """
+
+    def __init__(self, info: RunInfo, lengths: Mapping[str, int], count: int, *, verify_crc: bool = True):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"The number of read workers must be a positive integer but got {count!r}.")
+        setup = json.dumps({"plan": info.plan.to_dict(), "split": info.split, "lengths": dict(lengths),
+                            "verify_crc": verify_crc}).encode()  # fmt: skip
+        self._workers: list[_Worker] = []
+        try:
+            for index in range(count):
+                self._workers.append(_Worker(index, setup))
+        except BaseException:
+            self.close()
+            raise
+        self._sent = 0
+        self._received = 0
+
+    @property
+    def count(self) -> int:
+        return len(self._workers)
+
+    @property
+    def pids(self) -> list[int]:
+        return [worker.process.pid for worker in self._workers]
+
+    def ready(self) -> bool:
+        """Whether every worker has started (until then, a caller reads in its own process); never blocks."""
+        return all([worker.poll_ready() for worker in self._workers])
+
+    @property
+    def in_flight(self) -> int:
+        return self._sent - self._received
+
+    def send(self, step_reads: StepReads) -> None:
+        """Sends the next step (steps go out in order; their batches come back in the same order)."""
+        self._workers[self._sent % len(self._workers)].request(step_reads)
+        self._sent += 1
+
+    def receive(self, step_reads: StepReads) -> ClientBatch:
+        """The batch of the oldest step sent and not yet received, whose instructions were ``step_reads``."""
+        batch = self._workers[self._received % len(self._workers)].batch(step_reads)
+        self._received += 1
+        return batch
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Ends every worker and waits for it (killing one that has not exited after ``timeout`` s)."""
+        deadline = time.monotonic() + timeout
+        for worker in self._workers:
+            worker.close(max(0.0, deadline - time.monotonic()))
+        self._workers = []
+
+
+# --- the worker process ---------------------------------------------------------------------------
+
+
+def _error_reply(error: Exception) -> bytes:
+    if isinstance(error, CorruptRecordError):
+        detail: Any = [error.path, error.record_index, error.byte_offset, error.reason]
+        return json.dumps({"error": ["CorruptRecordError", detail]}).encode()
+    kind = next((name for name, cls in _ERRORS.items() if isinstance(error, cls)), None)
+    message = str(error) if kind else f"{type(error).__name__}: {error}"
+    return json.dumps({"error": [kind or "ReadWorkerError", message]}).encode()
+
+
+def _drain(requests: io.FileIO, into: queue.SimpleQueue[bytes | None]) -> None:
+    """Takes every request off the pipe as it comes (None at its end), so that the iterator never waits
+    to send while this worker waits for it to take a batch: neither pipe can fill both ways at once."""
+    try:
+        while True:
+            into.put(_receive_message(requests, "a request"))
+    except (EOFError, OSError):
+        into.put(None)  # the iterator closed the pipe (or ended): nothing more to read
+
+
+def _serve(requests: io.FileIO, replies: IO[bytes]) -> None:
+    setup = json.loads(_receive_message(requests, "the setup message"))
+    info = RunInfo(RunPlan.from_dict(setup["plan"]), setup["split"])
+    reader = BatchReader(info, setup["lengths"], verify_crc=setup["verify_crc"])
+    pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    threading.Thread(target=_drain, args=(requests, pending), daemon=True, name="taskdata-requests").start()
+    _send(replies, json.dumps({"ready": True}).encode())
+    try:
+        while (message := pending.get()) is not None:
+            try:
+                batch = reader.read(from_json(message))
+            except Exception as error:  # reported to the train loop, which raises it
+                _send(replies, _error_reply(error))
+                continue
+            arrays = [np.ascontiguousarray(batch.features[name], dtype=np.int32) for name in batch.features]
+            header = json.dumps({"step": batch.step, "features": [[name, *array.shape] for name, array in
+                                                                   zip(batch.features, arrays, strict=True)]})
+            _send(replies, header.encode(), *(array.data.cast("B") for array in arrays))
+    finally:
+        reader.close()
+
+
+def keep_batch_memory() -> None:
+    """Sets glibc's malloc thresholds as above for this whole process (elsewhere does nothing).
+
+    Every read worker calls it. A trainer that reads in its own process (``workers=0``) may call it at
+    start-up (or start with the equivalent ``MALLOC_`` variables): on a loaded machine the read path then
+    took about half the CPU per example, on an idle one the same (BENCHMARKS.md, "Host read path against
+    tf.data"), for at most ``TRIM_THRESHOLD`` of freed memory kept by the process.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-1, TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
+    mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="A read worker of trainer_client.read_workers (not run by hand).")
+    parser.add_argument("--requests", type=int, required=True)
+    parser.add_argument("--replies", type=int, required=True)
+    args = parser.parse_args(argv)
+    keep_batch_memory()
+    requests, replies = os.fdopen(args.requests, "rb", buffering=0), os.fdopen(args.replies, "wb")
+    with contextlib.suppress(BrokenPipeError), requests, replies:  # BrokenPipeError: the iterator is gone
+        _serve(requests, replies)
