@@ -252,12 +252,40 @@ CONFIGS = [
 ]
 
 
+def latency_only(port: int, pid: int, script: str, args: argparse.Namespace) -> None:
+    """p50/p99 at one connection (r64, hosts of a step together), the server doing nothing else."""
+    label, run, hosts, mode, steps, connections = CONFIGS[-1]
+    runs = []
+    for round_ in range(args.rounds):
+        load = os.getloadavg()[0]
+        runs.append(wrk(script, port, pid, connections, args.seconds, MODE=mode, RUN=run or "", HOSTS=hosts,
+                        STEPS=steps, BASE=600_000_000 + round_ * 10_000_000))
+        runs[-1]["load"] = (load + os.getloadavg()[0]) / 2
+        print(label, {k: round(v, 1) for k, v in runs[-1].items()}, flush=True)
+    p99 = statistics.median(r["p99_us"] for r in runs) / 1e3
+    lines = [
+        f"{label}, nothing else sent to the server: p50 {statistics.median(r['p50_us'] for r in runs) / 1e3:.2f} ms, "
+        f"p99 {p99:.2f} ms (rounds: {', '.join(format(r['p99_us'] / 1e3, '.2f') for r in runs)} ms), "
+        f"{statistics.median(r['rate'] for r in runs):,.0f} req/s, server CPU "
+        f"{statistics.median(r['server_cpu_us'] for r in runs):,.0f} us/request; load "
+        f"{', '.join(format(r['load'], '.1f') for r in runs)}",
+        f"target p99 <= 3 ms at 1 connection on a quiet machine: {p99:.2f} ms ({'met' if p99 <= 3 else 'NOT met'}); "
+        f"median of {args.rounds} rounds of {args.seconds} s",
+    ]
+    print("\n".join(lines))
+    if args.write:
+        write_section("Server with wrk: latency at one connection", lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--profile", action="store_true", help="only where the server's time goes (needs py-spy)")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="only the 1-connection latency run (r64, hosts together), nothing else sent to the server "
+                             "between its rounds: the p99 target asks for a quiet machine")
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_trivial:
@@ -287,6 +315,9 @@ def main() -> None:
                 time.sleep(0.5)
         if args.profile:
             print("\n".join(profile(port, server.pid, str(script), args.seconds)))
+            return
+        if args.latency_only:
+            latency_only(port, server.pid, str(script), args)
             return
         results: dict[str, list[dict]] = {label: [] for label, *_ in CONFIGS}
         for round_ in range(args.rounds):
