@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import shutil
 
@@ -128,7 +129,10 @@ def test_a_trainer_refuses_a_plan_changed_under_steps_it_was_handed(root):
             record["plan"]["stages"] = [
                 {"start": 3, "rates": {"toy_det": "1", "toy_random": "0"}, "schedule": None}
             ]
-            path.write_text(json.dumps(record))
+            # Atomically, as the store writes: the server re-reads the file on every request (refresh 0 s).
+            staged = path.with_name(path.name + ".tmp")
+            staged.write_text(json.dumps(record))
+            os.replace(staged, path)
             with pytest.raises(AssignmentError, match="changes steps before step"):
                 for _ in it:
                     pass

@@ -136,7 +136,7 @@ class _Worker:
         except EOFError as error:
             raise self._ended(error) from None
 
-    def _ended(self, error: EOFError) -> ReadWorkerError:
+    def _ended(self, error: EOFError | BrokenPipeError) -> ReadWorkerError:
         code = self.process.wait(timeout=10)
         return ReadWorkerError(
             f"Read worker {self.index} (pid {self.process.pid}) exited with code {code} ({error}); see its "
@@ -144,7 +144,10 @@ class _Worker:
         )
 
     def request(self, step_reads: StepReads) -> None:
-        _send(self.requests, to_json(step_reads, "base64"))
+        try:
+            _send(self.requests, to_json(step_reads, "base64"))
+        except BrokenPipeError as error:  # the worker is gone: say which and how, as a reply cut short does
+            raise self._ended(error) from None
 
     def batch(self, step_reads: StepReads) -> ClientBatch:
         """The batch of the oldest step sent to this worker (``step_reads``)."""
