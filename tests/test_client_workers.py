@@ -114,14 +114,19 @@ def test_closing_the_iterator_ends_every_worker(root):
     assert it.worker_pids == [] and all(gone(pid) for pid in pids)
 
 
+# The imports of the small trainer scripts these tests run in their own processes.
+TRAINER_IMPORTS = (
+    "import sys, time\n"
+    "from taskdata.runs import RunStore\n"
+    "from tests.client_helpers import LENGTHS\n"
+    "from trainer_client.assignments import HostSlice\n"
+    "from trainer_client.iterator import DataIterator\n"
+    "from trainer_client.local_source import LocalAssignments\n"
+)
+
 def test_workers_do_not_outlive_a_killed_trainer(root):
     script = (
-        "import sys, time\n"
-        "from taskdata.runs import RunStore\n"
-        "from tests.client_helpers import LENGTHS\n"
-        "from trainer_client.assignments import HostSlice\n"
-        "from trainer_client.iterator import DataIterator\n"
-        "from trainer_client.local_source import LocalAssignments\n"
+        TRAINER_IMPORTS +
         f"source = LocalAssignments.from_cache_root(RunStore({root!r}).get('mix4'), {root!r})\n"
         "it = DataIterator(source, LENGTHS, host_slice=HostSlice(0, 1), workers=2)\n"
         "while not it.workers_serving:\n"
@@ -171,12 +176,7 @@ def test_a_read_error_in_a_worker_reaches_the_train_loop_with_its_type_and_place
 
 def test_the_read_path_and_its_workers_do_not_import_tensorflow(root):
     script = (
-        "import sys, time\n"
-        "from taskdata.runs import RunStore\n"
-        "from tests.client_helpers import LENGTHS\n"
-        "from trainer_client.assignments import HostSlice\n"
-        "from trainer_client.iterator import DataIterator\n"
-        "from trainer_client.local_source import LocalAssignments\n"
+        TRAINER_IMPORTS +
         "from trainer_client.read_workers import _serve\n"
         f"source = LocalAssignments.from_cache_root(RunStore({root!r}).get('mix4'), {root!r})\n"
         "with DataIterator(source, LENGTHS, host_slice=HostSlice(0, 1), stop_step=120, workers=1) as it:\n"
