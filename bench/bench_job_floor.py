@@ -4,9 +4,10 @@ For each corpus size (the built-in C4-format corpus, the recipe and folders of `
 each way of running the job, in alternating rounds:
 
 - **floor**: a subprocess that reads, decompresses and JSON-parses every source file of both splits and
-  encodes every document with SentencePiece, as the job does it (batches of ``Tokenize``'s size, the
-  processor's default threads, each batch encoded in a helper thread while the next is read); with
-  2 workers, 2 processes that take files from a shared queue.
+  encodes every document with SentencePiece, as the job does it (the job's line reader, which decompresses
+  a block ahead in a helper thread; batches of ``Tokenize``'s size, the processor's default threads, each
+  batch encoded in a helper thread while the next is read); with 2 workers, 2 processes that take files
+  from a shared queue.
 - **job**: ``taskdata cache --task c4_span_corruption`` (both splits, start-up, commit and verification
   included), in-process (Beam's default local runner, one worker) or with 2 Beam workers
   (``--direct_num_workers=2 --direct_running_mode=multi_processing``).
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import gzip
 import itertools
 import json
 import multiprocessing
@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._measure import run_measured
 from bench._report import write_section
 from bench.bench_scale import corpus_params
+from taskdata.sources.base import iter_text_lines
 from taskdata.tasks import corpus
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
@@ -56,11 +57,12 @@ def _load(model: str) -> None:
 
 
 def _encode_file(path: str, batch_size: int = 256) -> tuple[int, int]:
-    """(documents, tokens) of one C4 file, as ``Tokenize`` does it: documents are read, decompressed and parsed
-    in batches, and each batch is encoded in a helper thread while the next one is read."""
+    """(documents, tokens) of one C4 file, as the job does it: lines are read with the job's reader (the file
+    decompressed a block ahead in a helper thread), parsed in batches, and each batch is encoded in a helper
+    thread while the next one is read."""
     documents = tokens = 0
-    with gzip.open(path, "rb") as f, concurrent.futures.ThreadPoolExecutor(1) as ahead:
-        texts = (json.loads(line)["text"] for line in f)
+    with concurrent.futures.ThreadPoolExecutor(1) as ahead:
+        texts = (json.loads(line)["text"] for _, line in iter_text_lines(path))
         pending = None
         while batch := list(itertools.islice(texts, batch_size)):
             documents += len(batch)

@@ -119,12 +119,34 @@ class _CountingVocabulary(ByteVocabulary):
 def test_tokenize_encodes_the_next_batch_ahead_and_stops_with_its_consumer():
     vocabulary = _CountingVocabulary()
     ctx = context(features={"targets": Feature(vocabulary)})
-    stream = Tokenize(batch_size=2)(iter([{"targets": str(i)} for i in range(10)]), ctx)
+    stream = Tokenize(batch_size=2, batches_ahead=1)(iter([{"targets": str(i)} for i in range(10)]), ctx)
     assert next(stream)["targets"].tolist() == [ord("0") + 3]
     # Batch 2 was handed to the helper thread before batch 1 was yielded: it is encoded without a further read.
     assert vocabulary.second_batch.wait(timeout=30)
     stream.close()  # an abandoned stream waits for its helper thread and encodes nothing more
     assert vocabulary.batches == 2
+
+
+def test_tokenize_hands_batches_ahead_before_the_first_example_and_cancels_them_when_abandoned():
+    reads = []
+    texts = iter([{"targets": str(i)} for i in range(20)])
+    source = (reads.append(example) or example for example in texts)
+    vocabulary = _CountingVocabulary()
+    stream = Tokenize(batch_size=2, batches_ahead=3)(source, context(features={"targets": Feature(vocabulary)}))
+    assert next(stream)["targets"].tolist() == [ord("0") + 3]
+    assert len(reads) == 8  # batches 1..4 read (3 ahead of the one being yielded), nothing after
+    stream.close()
+    assert vocabulary.batches <= 4  # the helper stopped with its consumer; nothing more was read
+    assert len(reads) == 8
+    outputs = run(Tokenize(batch_size=3, batches_ahead=5), context(features={"targets": Feature(BYTES)}),
+                  [{"targets": str(i)} for i in range(17)])
+    assert [e["targets"].tolist() for e in outputs] == [[ord(c) + 3 for c in str(i)] for i in range(17)]
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.5])
+def test_tokenize_refuses_a_batches_ahead_that_is_not_a_positive_integer(value):
+    with pytest.raises(ValueError, match=f"Tokenize: batches_ahead must be a positive integer but got {value!r}"):
+        Tokenize(batches_ahead=value)
 
 
 def test_an_encoding_error_in_the_helper_thread_reaches_the_stream_reader():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import itertools
@@ -24,34 +25,45 @@ class Tokenize:
     ``keep_text``, the text is kept as ``{key}_pretokenized``. No EOS is added (``AppendEos`` does).
 
     ``batch_size`` examples are encoded per vocabulary call, which is much faster than one call per
-    example; it changes nothing in the output and so is not part of the fingerprint. The next batch is
-    encoded in a helper thread while the examples of the last one go on down the stream: SentencePiece
-    releases the GIL while it encodes, so the later preprocessors and the cache job's record writing run
-    beside it instead of after it. Every batch is still encoded whole and yielded in order.
+    example; it changes nothing in the output and so is not part of the fingerprint. Up to
+    ``batches_ahead`` batches are handed to a helper thread before the examples of the oldest one go on
+    down the stream: SentencePiece releases the GIL while it encodes, so the later preprocessors and the
+    cache job's record writing run beside it instead of after it. More than one batch, because the
+    consumer takes documents in bursts: span corruption reads ~600 documents (a window of 512 chunks)
+    and then turns them into records without reading any, and the tokenizer must have work queued for
+    that whole time (speed only, not in the fingerprint). Every batch is still encoded whole and yielded
+    in order.
     """
 
     keep_text: bool = False
     batch_size: int = dataclasses.field(default=256, compare=False)
+    batches_ahead: int = dataclasses.field(default=4, compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"Tokenize: batch_size must be a positive integer but got {self.batch_size!r}.")
+        for name in ("batch_size", "batches_ahead"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Tokenize: {name} must be a positive integer but got {value!r}.")
 
     def __call__(self, examples: Iterator[Example], ctx: ShardContext) -> Iterator[Example]:
         vocabularies = {key: f.vocabulary for key, f in ctx.output_features.items() if f.dtype != "string"}
         empty: dict[str, np.ndarray] = {}  # the ids of "" per feature, encoded once
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenize") as ahead:
-            pending = None
+        ahead = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+        pending: collections.deque[tuple[list[Example], dict[str, tuple[list[int], list[str]]],
+                                         concurrent.futures.Future[dict[str, list[np.ndarray]]]]] = collections.deque()
+        try:
             while batch := list(itertools.islice(examples, self.batch_size)):
                 batch = [dict(example) for example in batch]
                 texts = {key: _texts(batch, key) for key in vocabularies}
                 # Only the vocabulary calls go to the helper thread: Python work there would hold the GIL.
-                encoding = ahead.submit(_encode, vocabularies, texts)
-                if pending is not None:
-                    yield from self._filled(*pending, vocabularies, empty)
-                pending = (batch, texts, encoding)
-            if pending is not None:
-                yield from self._filled(*pending, vocabularies, empty)
+                pending.append((batch, texts, ahead.submit(_encode, vocabularies, texts)))
+                if len(pending) > self.batches_ahead:
+                    yield from self._filled(*pending.popleft(), vocabularies, empty)
+            while pending:
+                yield from self._filled(*pending.popleft(), vocabularies, empty)
+        finally:
+            # An abandoned stream (an error downstream, or a reader that stopped) encodes nothing more.
+            ahead.shutdown(wait=True, cancel_futures=True)
 
     def _filled(self, batch: list[Example], texts: Mapping[str, tuple[list[int], list[str]]],
                 encoding: concurrent.futures.Future[dict[str, list[np.ndarray]]],
