@@ -356,3 +356,22 @@ def test_output_does_not_depend_on_how_chunks_are_batched(monkeypatch, window_ro
         summary(run([SpanCorruption(concat_batch_size=5)], context(lengths=ctx.sequence_length), documents))
         == reference
     )
+
+
+@pytest.mark.parametrize("batch_size, batches_ahead", [(1, 1), (3, 5), (7, 2), (64, 4), (1000, 1)])
+def test_how_tokenize_batches_and_queues_changes_no_example(tiny_sp_model, batch_size, batches_ahead):
+    # Batch sizes that do not divide the 203 documents, empty documents (which yield no example), and a
+    # queue deeper than the shard: the examples and counters equal one-document-at-a-time tokenizing.
+    from taskdata.define.vocabularies import SentencePieceVocabulary
+
+    vocabulary = SentencePieceVocabulary(tiny_sp_model, extra_ids=100)
+    documents = texts(*[("" if i % 17 == 3 else f"Document {i}: " + "the quick brown fox " * (i % 23)) for i in range(203)])
+
+    def pipeline(tokenize):
+        ctx = context(lengths={"inputs": 64, "targets": 16}, vocabulary=vocabulary)
+        out = run((T5_PIPELINE[0], tokenize, *T5_PIPELINE[2:]), ctx, [dict(d) for d in documents])
+        return summary(out), ctx.counters
+
+    expected, counters = pipeline(Tokenize(batch_size=1, batches_ahead=1))
+    assert counters["span_corruption/empty_documents_dropped"] == 12 and len(expected) > 20
+    assert pipeline(Tokenize(batch_size=batch_size, batches_ahead=batches_ahead)) == (expected, counters)
