@@ -65,16 +65,20 @@ WARMUP_SECONDS = 1.5  # before the window: opening files, and the workers' start
 
 
 def builtin_cache() -> str:
+    """The built-in task's current cache version, built if there is none of the current format (what a
+    trainer reads now: an older format's records carry other provenance features)."""
     from taskdata.beam.job import CacheOptions, run_cache_job
-    from taskdata.cache.format import current_version, task_dir
+    from taskdata.cache.format import FORMAT, current_version, load_manifest, task_dir
     from taskdata.config import Config
     from taskdata.tasks import default_registry
 
     config = Config.from_environment()
     found = current_version(task_dir(config.cache_root, "c4_span_corruption"))
-    if found is not None:
+    if found is not None and load_manifest(found).format == FORMAT:
         return found
-    options = CacheOptions(task="c4_span_corruption", output=config.cache_root, progress=False, config=config)
+    # force: the job would otherwise reuse an older format's version of the same task fingerprint.
+    options = CacheOptions(task="c4_span_corruption", output=config.cache_root, progress=False, config=config,
+                           force=found is not None)
     return run_cache_job(options, default_registry(config), log=lambda m: None).version_dir
 
 
