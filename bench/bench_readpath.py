@@ -26,20 +26,25 @@ window after a warm-up (for ``workers=2``: after the workers have started); CPU 
 process and its workers over that window. The first-batch latency is from building the source and
 the iterator to holding the first batch, in a fresh process (imports done).
 
-Where the time went (cProfile, and timers around each phase of ``BatchReader.read``, one core, batch 256,
-this cache, before this work, when the iterator gave 30-50k examples/s): per batch ~2.9 ms decoding
-(``_decode_uniform``: a per-entry layout walk over the nine features, then a varint table over every
-byte of the records and a gather of each row), ~1.0 ms padding (``pad_features``' fancy-indexed scatter
-of 160k values), ~0.8 ms reading in epoch 0 (``read_records``: the checks, then one ``bytes`` per record,
-joined again for the decoder) and ~3 ms in later epochs (one ``preadv`` and one slice per scattered
-record), plus ~0.3 ms of index math in the fetching thread. Much of the decode and padding time was page
-faults, not arithmetic: each batch's multi-megabyte temporaries were fresh ``mmap``s that glibc gave back
-and faulted in again (with ``MALLOC_MMAP_THRESHOLD_`` raised the same code ran 2-3x faster). Now:
-records stay in the ranged read's ``bytes`` (``CacheReader.read_spans``), ``decode_padded`` checks every
-record's layout with ~10 numpy steps per feature entry (all records at once) and decodes only the wanted
-features' payloads, gathered into one array, into their padded rows (a boolean-mask copy), with its
-temporaries in a reused workspace: ``BatchReader.read`` alone ~1.6-2.5 ms a batch in epoch 0, of which ~0.3 ms reading and checking,
-~0.4 ms the layout walk (nine entries; fewer provenance features make it cheaper) and ~0.8 ms the varints.
+Where the time went, per batch of 256 (one core; timers around each phase of ``BatchReader.read``, the
+minimum of 5 windows of 40 batches, the format-4 cache: inputs, provenance/origin, targets). Before
+this round: ~1.55 ms a batch in ``BatchReader.read`` (~0.45 ms the ranged read and its checks: one
+``pread``, the frames, one CRC call per record; ~1.07 ms ``decode_padded``: ~0.24 ms the layout walk
+of three entries, whose two-byte lengths took ~15 numpy steps each, ~0.05 ms gathering the payloads,
+~0.80 ms the varints and padding, every varint read as a 32-bit word and masked, each padding mask a
+broadcast comparison), plus 0.08-0.17 ms of index math in the fetching thread; on a loaded machine the
+medians were twice the minimums. Now: lengths of one or two bytes are one lookup of their 16-bit word
+in a 64K-entry table (layout walk ~0.14 ms); ids of one or two bytes come from their first and last
+bytes (two byte gathers and four byte-wide steps; longer ids are fixed up from 32-bit words), padding
+masks are rows of a per-length table, and every array of a batch's size lives in the workspace (a
+fresh one costs more in page faults than its arithmetic: an index converted to a new array cost 1 ms a
+batch); ``decode_padded`` ~0.80 ms (varints and padding ~0.50), ``BatchReader.read`` ~1.24 ms.
+
+With workers (two cores, before this round, per batch): each worker spent ~0.25 ms parsing the step's
+JSON into checked ``StepReads``, ~1.7 ms reading and ~0.18 ms writing the 640 KB batch into its pipe;
+the iterator ~0.30 ms of index math, ~0.28 ms taking the batch out of the pipe (into fresh arrays) and
+~0.1 ms sending steps and queueing batches. Batches now come back through slot files shared with the
+iterator (``trainer_client.read_workers``): one memory copy on each side, no pipe.
 """
 
 from __future__ import annotations
