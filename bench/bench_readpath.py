@@ -1,7 +1,7 @@
 """The host read path against tf.data, seqio's cached reader and bare framing + CRC, on the same cache
 files, in one run: examples/s on 1 and 2 cores, and the time to the first batch.
 
-    PYTHONPATH=. python bench/bench_readpath.py [--version-dir DIR] [--rounds 3] [--steps 300] [--write]
+    PYTHONPATH=. python bench/bench_readpath.py [--version-dir DIR] [--rounds 3] [--steps 300] [--baseline DIR] [--write]
 
 The read path is exactly what a trainer runs: ``DataIterator`` over ``LocalAssignments`` (index math,
 ranged reads, both CRCs and each record's place checked, decode, padding to 512/114, host batch 256),
@@ -266,12 +266,15 @@ def run_one(version_dir: str, cores: str, arguments: list[str], steps: int) -> d
 
     malloc = ({"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
               if "--malloc" in arguments else {})  # fmt: skip
-    arguments = [a for a in arguments if a != "--malloc"]
-    command = ["taskset", "-c", cores, sys.executable, os.path.abspath(__file__), "--version-dir", version_dir,
+    # --tree=DIR: measured with another checkout's code and its own copy of this script (--baseline).
+    tree = next((a.split("=", 1)[1] for a in arguments if a.startswith("--tree=")), REPO)
+    arguments = [a for a in arguments if a != "--malloc" and not a.startswith("--tree=")]
+    script = os.path.join(tree, "bench", os.path.basename(__file__))
+    command = ["taskset", "-c", cores, sys.executable, script, "--version-dir", version_dir,
                "--steps", str(steps), "--measure", *arguments]  # fmt: skip
     load = os.getloadavg()[0]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **malloc, "PYTHONPATH": REPO},
-                          check=False, timeout=600)  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **malloc, "PYTHONPATH": tree},
+                          cwd=tree, check=False, timeout=600)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -299,6 +302,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300, help="batches in each timed window")
     parser.add_argument("--write", action="store_true", help="write the figures into BENCHMARKS.md")
+    parser.add_argument("--baseline", help="another checkout of this repository (say, `git worktree add DIR COMMIT`): "
+                        "its read path is measured too, alternated with this one's")
     parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--order", default="blocks", help=argparse.SUPPRESS)
@@ -309,9 +314,14 @@ def main() -> None:
         return
     version_dir = os.path.abspath(args.version_dir or builtin_cache())
     run_one(version_dir, "0", ["check"], 1)
-    results: dict[str, list[dict]] = {label: [] for label, _, _ in CONFIGS}
+    configs = list(CONFIGS)
+    if args.baseline:
+        baseline = os.path.abspath(args.baseline)
+        configs += [(f"baseline {baseline}: {label}", cores, [*arguments, f"--tree={baseline}"])
+                    for label, cores, arguments in (CONFIGS[0], CONFIGS[2])]  # fmt: skip
+    results: dict[str, list[dict]] = {label: [] for label, _, _ in configs}
     for round_index in range(args.rounds):
-        for label, cores, arguments in CONFIGS:
+        for label, cores, arguments in configs:
             steps = args.steps // 5 if arguments[0] == "seqio" else args.steps
             results[label].append(run_one(version_dir, cores, arguments, steps))
             print(f"round {round_index + 1}: {summarize(label, results[label][-1:])[0]}", flush=True)
@@ -320,7 +330,7 @@ def main() -> None:
              f"({args.steps // 5} for seqio) after a {WARMUP_SECONDS} s warm-up; median of {args.rounds} alternated rounds; "
              "each run pinned with taskset to core 0 (1 core) or cores 0,1 (2 cores)"]  # fmt: skip
     rates = {}
-    for label, cores, _ in CONFIGS:
+    for label, cores, _ in configs:
         line, rate = summarize(label, results[label])
         rates[label] = rate
         lines.append(f"{'2 cores' if ',' in cores else '1 core'}, {line}")
@@ -330,6 +340,14 @@ def main() -> None:
     lines.append(f"read path / tf.data: {ours1 / tf1:.2f}x on 1 core (target >= 1; {tuned / tf1:.2f}x with the MALLOC_ "
                  f"settings), {ours2 / tf2:.2f}x on 2 cores; "
                  f"read path 2 cores / 1 core: {ours2 / ours1:.2f}x (target >= 1.6); tf.data 2 / 1: {tf2 / tf1:.2f}x")
+    fastest = {label: max(r["examples"] / r["seconds"] for r in results[label]) for label, _, _ in CONFIGS[:4]}
+    best1, best2, tbest1, tbest2 = (fastest[CONFIGS[i][0]] for i in range(4))
+    lines.append(f"fastest run of each (the least disturbed on a shared machine): read path / tf.data {best1 / tbest1:.2f}x on "
+                 f"1 core, {best2 / tbest2:.2f}x on 2 cores; read path 2 cores / 1 core {best2 / best1:.2f}x; tf.data 2 / 1 "
+                 f"{tbest2 / tbest1:.2f}x")  # fmt: skip
+    if args.baseline:
+        then1, then2 = (rates[label] for label, _, _ in configs[len(CONFIGS):])
+        lines.append(f"read path / the baseline's: {ours1 / then1:.2f}x on 1 core, {ours2 / then2:.2f}x on 2 cores")
     print("\n".join(lines))
     if args.write:
         write_section("Host read path against tf.data", lines)
