@@ -1,7 +1,7 @@
 """The host read path against tf.data, seqio's cached reader and bare framing + CRC, on the same cache
 files, in one run: examples/s on 1 and 2 cores, and the time to the first batch.
 
-    PYTHONPATH=. python bench/bench_readpath.py [--version-dir DIR] [--rounds 3] [--steps 300] [--write]
+    PYTHONPATH=. python bench/bench_readpath.py [--version-dir DIR] [--rounds 3] [--steps 300] [--baseline DIR] [--write]
 
 The read path is exactly what a trainer runs: ``DataIterator`` over ``LocalAssignments`` (index math,
 ranged reads, both CRCs and each record's place checked, decode, padding to 512/114, host batch 256),
@@ -26,20 +26,25 @@ window after a warm-up (for ``workers=2``: after the workers have started); CPU 
 process and its workers over that window. The first-batch latency is from building the source and
 the iterator to holding the first batch, in a fresh process (imports done).
 
-Where the time went (cProfile, and timers around each phase of ``BatchReader.read``, one core, batch 256,
-this cache, before this work, when the iterator gave 30-50k examples/s): per batch ~2.9 ms decoding
-(``_decode_uniform``: a per-entry layout walk over the nine features, then a varint table over every
-byte of the records and a gather of each row), ~1.0 ms padding (``pad_features``' fancy-indexed scatter
-of 160k values), ~0.8 ms reading in epoch 0 (``read_records``: the checks, then one ``bytes`` per record,
-joined again for the decoder) and ~3 ms in later epochs (one ``preadv`` and one slice per scattered
-record), plus ~0.3 ms of index math in the fetching thread. Much of the decode and padding time was page
-faults, not arithmetic: each batch's multi-megabyte temporaries were fresh ``mmap``s that glibc gave back
-and faulted in again (with ``MALLOC_MMAP_THRESHOLD_`` raised the same code ran 2-3x faster). Now:
-records stay in the ranged read's ``bytes`` (``CacheReader.read_spans``), ``decode_padded`` checks every
-record's layout with ~10 numpy steps per feature entry (all records at once) and decodes only the wanted
-features' payloads, gathered into one array, into their padded rows (a boolean-mask copy), with its
-temporaries in a reused workspace: ``BatchReader.read`` alone ~1.6-2.5 ms a batch in epoch 0, of which ~0.3 ms reading and checking,
-~0.4 ms the layout walk (nine entries; fewer provenance features make it cheaper) and ~0.8 ms the varints.
+Where the time went, per batch of 256 (one core; timers around each phase of ``BatchReader.read``, the
+minimum of 5 windows of 40 batches, the format-4 cache: inputs, provenance/origin, targets). Before
+this round: ~1.55 ms a batch in ``BatchReader.read`` (~0.45 ms the ranged read and its checks: one
+``pread``, the frames, one CRC call per record; ~1.07 ms ``decode_padded``: ~0.24 ms the layout walk
+of three entries, whose two-byte lengths took ~15 numpy steps each, ~0.05 ms gathering the payloads,
+~0.80 ms the varints and padding, every varint read as a 32-bit word and masked, each padding mask a
+broadcast comparison), plus 0.08-0.17 ms of index math in the fetching thread; on a loaded machine the
+medians were twice the minimums. Now: lengths of one or two bytes are one lookup of their 16-bit word
+in a 64K-entry table (layout walk ~0.14 ms); ids of one or two bytes come from their first and last
+bytes (two byte gathers and four byte-wide steps; longer ids are fixed up from 32-bit words), padding
+masks are rows of a per-length table, and every array of a batch's size lives in the workspace (a
+fresh one costs more in page faults than its arithmetic: an index converted to a new array cost 1 ms a
+batch); ``decode_padded`` ~0.80 ms (varints and padding ~0.50), ``BatchReader.read`` ~1.24 ms.
+
+With workers (two cores, before this round, per batch): each worker spent ~0.25 ms parsing the step's
+JSON into checked ``StepReads``, ~1.7 ms reading and ~0.18 ms writing the 640 KB batch into its pipe;
+the iterator ~0.30 ms of index math, ~0.28 ms taking the batch out of the pipe (into fresh arrays) and
+~0.1 ms sending steps and queueing batches. Batches now come back through slot files shared with the
+iterator (``trainer_client.read_workers``): one memory copy on each side, no pipe.
 """
 
 from __future__ import annotations
@@ -65,16 +70,20 @@ WARMUP_SECONDS = 1.5  # before the window: opening files, and the workers' start
 
 
 def builtin_cache() -> str:
+    """The built-in task's current cache version, built if there is none of the current format (what a
+    trainer reads now: an older format's records carry other provenance features)."""
     from taskdata.beam.job import CacheOptions, run_cache_job
-    from taskdata.cache.format import current_version, task_dir
+    from taskdata.cache.format import FORMAT, current_version, load_manifest, task_dir
     from taskdata.config import Config
     from taskdata.tasks import default_registry
 
     config = Config.from_environment()
     found = current_version(task_dir(config.cache_root, "c4_span_corruption"))
-    if found is not None:
+    if found is not None and load_manifest(found).format == FORMAT:
         return found
-    options = CacheOptions(task="c4_span_corruption", output=config.cache_root, progress=False, config=config)
+    # force: the job would otherwise reuse an older format's version of the same task fingerprint.
+    options = CacheOptions(task="c4_span_corruption", output=config.cache_root, progress=False, config=config,
+                           force=found is not None)
     return run_cache_job(options, default_registry(config), log=lambda m: None).version_dir
 
 
@@ -257,12 +266,15 @@ def run_one(version_dir: str, cores: str, arguments: list[str], steps: int) -> d
 
     malloc = ({"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
               if "--malloc" in arguments else {})  # fmt: skip
-    arguments = [a for a in arguments if a != "--malloc"]
-    command = ["taskset", "-c", cores, sys.executable, os.path.abspath(__file__), "--version-dir", version_dir,
+    # --tree=DIR: measured with another checkout's code and its own copy of this script (--baseline).
+    tree = next((a.split("=", 1)[1] for a in arguments if a.startswith("--tree=")), REPO)
+    arguments = [a for a in arguments if a != "--malloc" and not a.startswith("--tree=")]
+    script = os.path.join(tree, "bench", os.path.basename(__file__))
+    command = ["taskset", "-c", cores, sys.executable, script, "--version-dir", version_dir,
                "--steps", str(steps), "--measure", *arguments]  # fmt: skip
     load = os.getloadavg()[0]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **malloc, "PYTHONPATH": REPO},
-                          check=False, timeout=600)  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **malloc, "PYTHONPATH": tree},
+                          cwd=tree, check=False, timeout=600)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -290,6 +302,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300, help="batches in each timed window")
     parser.add_argument("--write", action="store_true", help="write the figures into BENCHMARKS.md")
+    parser.add_argument("--baseline", help="another checkout of this repository (say, `git worktree add DIR COMMIT`): "
+                        "its read path is measured too, alternated with this one's")
     parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--order", default="blocks", help=argparse.SUPPRESS)
@@ -300,9 +314,14 @@ def main() -> None:
         return
     version_dir = os.path.abspath(args.version_dir or builtin_cache())
     run_one(version_dir, "0", ["check"], 1)
-    results: dict[str, list[dict]] = {label: [] for label, _, _ in CONFIGS}
+    configs = list(CONFIGS)
+    if args.baseline:
+        baseline = os.path.abspath(args.baseline)
+        configs += [(f"baseline {baseline}: {label}", cores, [*arguments, f"--tree={baseline}"])
+                    for label, cores, arguments in (CONFIGS[0], CONFIGS[2])]  # fmt: skip
+    results: dict[str, list[dict]] = {label: [] for label, _, _ in configs}
     for round_index in range(args.rounds):
-        for label, cores, arguments in CONFIGS:
+        for label, cores, arguments in configs:
             steps = args.steps // 5 if arguments[0] == "seqio" else args.steps
             results[label].append(run_one(version_dir, cores, arguments, steps))
             print(f"round {round_index + 1}: {summarize(label, results[label][-1:])[0]}", flush=True)
@@ -311,7 +330,7 @@ def main() -> None:
              f"({args.steps // 5} for seqio) after a {WARMUP_SECONDS} s warm-up; median of {args.rounds} alternated rounds; "
              "each run pinned with taskset to core 0 (1 core) or cores 0,1 (2 cores)"]  # fmt: skip
     rates = {}
-    for label, cores, _ in CONFIGS:
+    for label, cores, _ in configs:
         line, rate = summarize(label, results[label])
         rates[label] = rate
         lines.append(f"{'2 cores' if ',' in cores else '1 core'}, {line}")
@@ -321,6 +340,14 @@ def main() -> None:
     lines.append(f"read path / tf.data: {ours1 / tf1:.2f}x on 1 core (target >= 1; {tuned / tf1:.2f}x with the MALLOC_ "
                  f"settings), {ours2 / tf2:.2f}x on 2 cores; "
                  f"read path 2 cores / 1 core: {ours2 / ours1:.2f}x (target >= 1.6); tf.data 2 / 1: {tf2 / tf1:.2f}x")
+    fastest = {label: max(r["examples"] / r["seconds"] for r in results[label]) for label, _, _ in CONFIGS[:4]}
+    best1, best2, tbest1, tbest2 = (fastest[CONFIGS[i][0]] for i in range(4))
+    lines.append(f"fastest run of each (the least disturbed on a shared machine): read path / tf.data {best1 / tbest1:.2f}x on "
+                 f"1 core, {best2 / tbest2:.2f}x on 2 cores; read path 2 cores / 1 core {best2 / best1:.2f}x; tf.data 2 / 1 "
+                 f"{tbest2 / tbest1:.2f}x")  # fmt: skip
+    if args.baseline:
+        then1, then2 = (rates[label] for label, _, _ in configs[len(CONFIGS):])
+        lines.append(f"read path / the baseline's: {ours1 / then1:.2f}x on 1 core, {ours2 / then2:.2f}x on 2 cores")
     print("\n".join(lines))
     if args.write:
         write_section("Host read path against tf.data", lines)

@@ -3,6 +3,7 @@ stop with the iterator (or with the process that started them) and report errors
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -13,13 +14,13 @@ import time
 import pytest
 
 from taskdata.cache.tfrecord import CorruptRecordError
-from taskdata.index import SkipRange
-from taskdata.runs import CacheResolver, RunStore
+from taskdata.index import BatchSchedule, SkipRange
+from taskdata.runs import CacheResolver, RunStore, StoredRun
 from tests.client_helpers import LENGTHS, REPO, features_equal, shared_root
 from trainer_client.assignments import HostSlice
 from trainer_client.iterator import DataIterator, DataState
 from trainer_client.local_source import LocalAssignments
-from trainer_client.read_workers import ReadWorkerError
+from trainer_client.read_workers import ReadWorkerError, ReadWorkers
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +234,35 @@ def test_a_worker_that_dies_is_an_error_in_the_train_loop_naming_it(root):
             for _ in range(50):
                 next(it)
     assert gone(victim) and it.worker_pids == []
+
+
+def test_batches_that_grow_along_a_ramp_come_back_whole_from_the_workers_slots(root):
+    # Each worker writes its batches into two slot files that it grows when a batch no longer fits (the
+    # batch size ramps from 4 to 32 examples a step); every batch still equals the in-process reader's.
+    plan = dataclasses.replace(RunStore(root).get("mix1").plan, name="ramp",
+                               schedule=BatchSchedule(start=4, end=32, ramp_steps=28, multiple_of=4))  # fmt: skip
+
+    def source():
+        return LocalAssignments.from_cache_root(StoredRun(plan), root)
+
+    plain = collect(source(), HostSlice(0, 1), stop=40)
+    assert [len(features["inputs"]) for _, features in plain][::13] == [4, 16, 28, 32]
+    assert same(collect(source(), HostSlice(0, 1), stop=40, workers=2, prefetch=1), plain)
+
+
+def test_a_third_step_in_flight_to_one_worker_is_refused(root):
+    # A worker writes its third step's batch into its first step's slot: that batch must be taken first.
+    source = local(root)
+    steps = source.fetch(0, 3, HostSlice(0, 1))
+    pool = ReadWorkers(source.run_info(), LENGTHS, 1)
+    try:
+        pool.send(steps[0])
+        pool.send(steps[1])
+        with pytest.raises(ReadWorkerError, match="2 steps are in flight to 1 read workers"):
+            pool.send(steps[2])
+        first = pool.receive(steps[0])
+        pool.send(steps[2])
+        assert [pool.receive(s).step for s in steps[1:]] == [1, 2] and first.step == 0
+    finally:
+        pool.close()
+        source.close()

@@ -143,3 +143,31 @@ def test_empty_rows_and_an_empty_batch_are_zero_padding():
 def test_no_features_asked_leaves_the_records_to_the_generic_path():
     buffer, starts, ends = spans([example_codec.encode_example({"inputs": [1]})])
     assert decode_padded(buffer, starts, ends, {}) is None
+
+
+# Ids of every size a varint can have here: 1 and 2 bytes (a small vocabulary: the byte-wise path), 3 and 4
+# (T5's 32,100 ids and more: put together from words), mixed in one batch in any proportion.
+sized_ids = st.one_of(st.integers(0, 127), st.integers(128, 16_383), st.integers(16_384, 2**21 - 1),
+                      st.integers(2**21, 2**28 - 1))  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_ids_of_every_varint_size_decode_exactly_as_the_generic_path(data):
+    rows = data.draw(st.lists(st.tuples(st.lists(sized_ids, max_size=12), st.lists(sized_ids, max_size=5)),
+                              min_size=1, max_size=10))  # fmt: skip
+    records = [example_codec.encode_example({"inputs": np.array(i, dtype=np.int64), "targets": np.array(t, dtype=np.int64),
+                                             "provenance/origin": [3, k, 2**40, 1]})
+               for k, (i, t) in enumerate(rows)]  # fmt: skip
+    fast, expected = assert_agrees(*spans(records), LENGTHS)
+    assert fast is not None and expected is not None
+
+
+def test_records_longer_than_16_kb_take_the_fast_path():
+    # A record's length of 3 bytes (16,384 or more) is read from a 32-bit word, not the 16-bit table.
+    rng = np.random.default_rng(5)
+    records = [example_codec.encode_example({"inputs": rng.integers(2**14, 2**21, size), "targets": [1, 300, 70_000]})
+               for size in (6_000, 10, 7_000)]  # fmt: skip
+    assert max(len(r) for r in records) > 16_384 > min(len(r) for r in records)
+    fast, _ = assert_agrees(*spans(records), {"inputs": 7_000, "targets": 3})
+    assert fast is not None

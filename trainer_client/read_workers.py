@@ -6,10 +6,16 @@ batch comes back from that worker, so batches are delivered in step order and ar
 ones one in-process reader gives (``BatchReader.read`` is a function of the step's instructions).
 
 Nothing is pickled: a worker gets its run as the plan's JSON, each step as the ``/shards`` wire JSON
-of its instructions (``taskdata.index.to_json``), and answers with a JSON header followed by the raw
-int32 bytes of each feature, over a pair of pipes of its own (its stdout stays free for logs). A
-worker ends when its request pipe closes, so it cannot outlive the process that started it; ``close``
-also waits for each one to exit (and kills it after a timeout).
+of its instructions (``taskdata.index.to_json``), over a pair of pipes of its own (its stdout stays
+free for logs). It writes each batch's int32 arrays into one of two slot files shared with the
+iterator (anonymous memory files, ``memfd``, where the system has them; unlinked temporary files
+elsewhere), the one its step number names, and answers with a JSON header saying where they are: the
+iterator copies them out, one memory copy, where a pipe cost a copy into the kernel and one out of it,
+and a system call per 64 KiB. A slot is written again only for the step two after it on that worker,
+which the iterator sends once it has copied the batch out. A worker ends when its request pipe
+closes, so it cannot outlive the process that started it (nor can its slots: nothing names them but
+the two processes' descriptors); ``close`` also waits for each one to exit (and kills it after a
+timeout).
 """
 
 from __future__ import annotations
@@ -18,13 +24,16 @@ import argparse
 import contextlib
 import ctypes
 import io
+import itertools
 import json
+import mmap
 import os
 import queue
 import select
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -59,11 +68,10 @@ class ReadWorkerError(RuntimeError):
     """A read worker failed in a way that is not an error of the data (it exited, or broke the protocol)."""
 
 
-def _send(out: IO[bytes], *parts: bytes | memoryview) -> None:
-    """One message: the length of ``parts[0]``, then every part (the receiver knows the sizes of the rest)."""
-    out.write(_LENGTH.pack(len(parts[0])))
-    for part in parts:
-        out.write(part)
+def _send(out: IO[bytes], message: bytes) -> None:
+    """One message: its length, then its bytes."""
+    out.write(_LENGTH.pack(len(message)))
+    out.write(message)
     out.flush()
 
 
@@ -85,9 +93,8 @@ def _receive_message(source: io.FileIO, what: str) -> bytes:
 
 
 def _widen(pipe: int) -> None:
-    """Makes a pipe hold 1 MiB (Linux's default limit for unprivileged processes; elsewhere a no-op): a
-    whole batch of 256 x (512 + 114) int32, so that a worker writes it without waiting for the reader
-    64 KiB at a time."""
+    """Makes a pipe hold 1 MiB (Linux's default limit for unprivileged processes; elsewhere a no-op), so
+    that the setup (a plan's JSON) is written before the worker has started reading."""
     try:
         import fcntl
 
@@ -96,22 +103,63 @@ def _widen(pipe: int) -> None:
         pass
 
 
+_SLOTS = 2  # a worker's steps in flight at most (``ReadWorkers``' callers send up to two per worker)
+
+
+def _slot_file() -> int:
+    """A file descriptor of an empty file that no name reaches: freed once every process closes it."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("taskdata-read-worker-slot")
+    with tempfile.TemporaryFile() as handle:  # unlinked at once where the system allows it
+        return os.dup(handle.fileno())
+
+
+class _Slot:
+    """One slot file as this process maps it, remapped when the other side has grown the file."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.map: mmap.mmap | None = None
+
+    def view(self, size: int) -> memoryview:
+        if not size:
+            return memoryview(b"")  # an empty file cannot be mapped
+        if self.map is None or len(self.map) < size:
+            if self.map is not None:
+                self.map.close()
+            self.map = mmap.mmap(self.fd, max(size, os.fstat(self.fd).st_size))
+        return memoryview(self.map)
+
+    def close(self) -> None:
+        if self.map is not None:
+            self.map.close()
+        os.close(self.fd)
+
+
 class _Worker:
     def __init__(self, index: int, setup: bytes):
+        self.slots = [_Slot(_slot_file()) for _ in range(_SLOTS)]
         requests_read, requests_write = os.pipe()
         replies_read, replies_write = os.pipe()
+        slot_fds = [slot.fd for slot in self.slots]
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", "from trainer_client.read_workers import main; main()",
-                 "--requests", str(requests_read), "--replies", str(replies_write)],
-                pass_fds=(requests_read, replies_write),
+                 "--requests", str(requests_read), "--replies", str(replies_write),
+                 "--slots", *map(str, slot_fds)],
+                pass_fds=(requests_read, replies_write, *slot_fds),
                 stdin=subprocess.DEVNULL,
             )  # fmt: skip
+        except BaseException:
+            for slot in self.slots:
+                slot.close()
+            os.close(requests_write)
+            os.close(replies_read)
+            raise
         finally:
             os.close(requests_read)
             os.close(replies_write)
-        _widen(replies_read)
-        _widen(requests_write)  # the setup (a plan's JSON) is written before the worker has started reading
+        _widen(requests_write)
         self.index = index
         self.requests = os.fdopen(requests_write, "wb")
         self.replies = os.fdopen(replies_read, "rb", buffering=0)
@@ -163,14 +211,13 @@ class _Worker:
             raise ReadWorkerError(
                 f"Read worker {self.index} answered step {header['step']} when step {step_reads.step} was due."
             )
+        slot = self.slots[header["slot"]].view(header["bytes"])
         features = {}
+        offset = 0
         for name, rows, length in header["features"]:
-            array = np.empty((rows, length), dtype=np.int32)
-            try:
-                _receive_exactly(self.replies, array.data.cast("B"), f"feature {name!r} of step {step_reads.step}")
-            except EOFError as error:
-                raise self._ended(error) from None
-            features[name] = array
+            # A copy: the slot is written again two steps later, while the caller may hold this batch.
+            features[name] = np.frombuffer(slot, np.int32, rows * length, offset).reshape(rows, length).copy()
+            offset += rows * length * 4
         return ClientBatch(step_reads.step, False, step_reads.global_batch_size, step_reads.positions, features)
 
     def close(self, timeout: float) -> None:
@@ -182,6 +229,8 @@ class _Worker:
             self.process.kill()
             self.process.wait()
         self.replies.close()
+        for slot in self.slots:
+            slot.close()
 
 
 class ReadWorkers:
@@ -222,7 +271,13 @@ class ReadWorkers:
         return self._sent - self._received
 
     def send(self, step_reads: StepReads) -> None:
-        """Sends the next step (steps go out in order; their batches come back in the same order)."""
+        """Sends the next step (steps go out in order; their batches come back in the same order); at most
+        two per worker may be in flight (a worker writes its third step's batch where its first one is)."""
+        if self.in_flight >= _SLOTS * len(self._workers):
+            raise ReadWorkerError(
+                f"{self.in_flight} steps are in flight to {len(self._workers)} read workers, the most they hold: "
+                f"receive a batch before sending step {step_reads.step}."
+            )
         self._workers[self._sent % len(self._workers)].request(step_reads)
         self._sent += 1
 
@@ -262,26 +317,40 @@ def _drain(requests: io.FileIO, into: queue.SimpleQueue[bytes | None]) -> None:
         into.put(None)  # the iterator closed the pipe (or ended): nothing more to read
 
 
-def _serve(requests: io.FileIO, replies: IO[bytes]) -> None:
+def _serve(requests: io.FileIO, replies: IO[bytes], slot_fds: list[int]) -> None:
     setup = json.loads(_receive_message(requests, "the setup message"))
     info = RunInfo(RunPlan.from_dict(setup["plan"]), setup["split"])
     reader = BatchReader(info, setup["lengths"], verify_crc=setup["verify_crc"])
     pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
     threading.Thread(target=_drain, args=(requests, pending), daemon=True, name="taskdata-requests").start()
+    slots = [_Slot(fd) for fd in slot_fds]
     _send(replies, json.dumps({"ready": True}).encode())
     try:
-        while (message := pending.get()) is not None:
+        for served in itertools.count():
+            if (message := pending.get()) is None:
+                break
             try:
                 batch = reader.read(from_json(message))
             except Exception as error:  # reported to the train loop, which raises it
                 _send(replies, _error_reply(error))
                 continue
+            index = served % len(slots)
             arrays = [np.ascontiguousarray(batch.features[name], dtype=np.int32) for name in batch.features]
-            header = json.dumps({"step": batch.step, "features": [[name, *array.shape] for name, array in
-                                                                   zip(batch.features, arrays, strict=True)]})
-            _send(replies, header.encode(), *(array.data.cast("B") for array in arrays))
+            size = sum(array.nbytes for array in arrays)
+            if os.fstat(slots[index].fd).st_size < size:
+                os.ftruncate(slots[index].fd, size)  # the iterator remaps it when the header says so
+            view, offset = slots[index].view(size), 0
+            for array in arrays:
+                view[offset : offset + array.nbytes] = array.data.cast("B")
+                offset += array.nbytes
+            del view  # an exported view would keep the map from being closed or remapped
+            header = {"step": batch.step, "slot": index, "bytes": size,
+                      "features": [[name, *array.shape] for name, array in zip(batch.features, arrays, strict=True)]}
+            _send(replies, json.dumps(header).encode())
     finally:
         reader.close()
+        for slot in slots:
+            slot.close()
 
 
 def keep_batch_memory() -> None:
@@ -304,8 +373,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="A read worker of trainer_client.read_workers (not run by hand).")
     parser.add_argument("--requests", type=int, required=True)
     parser.add_argument("--replies", type=int, required=True)
+    parser.add_argument("--slots", type=int, nargs="+", required=True)
     args = parser.parse_args(argv)
     keep_batch_memory()
     requests, replies = os.fdopen(args.requests, "rb", buffering=0), os.fdopen(args.replies, "wb")
     with contextlib.suppress(BrokenPipeError), requests, replies:  # BrokenPipeError: the iterator is gone
-        _serve(requests, replies)
+        _serve(requests, replies, args.slots)

@@ -13,6 +13,7 @@ error. It never returns another answer than that path.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -61,8 +62,10 @@ def decode_padded(
     except _Refused:
         return None
     names = list(lengths)
-    pieces = [view[b:e] for name in names for b, e in zip(spans[name][0].tolist(), spans[name][1].tolist(), strict=True)]
-    return _varint_rows(b"".join(pieces), [spans[name][1] - spans[name][0] for name in names], lengths)
+    begins = np.concatenate([spans[name][0] for name in names]).tolist()
+    ends_of = np.concatenate([spans[name][1] for name in names]).tolist()
+    payloads = b"".join(map(view.__getitem__, map(slice, begins, ends_of)))
+    return _varint_rows(payloads, [spans[name][1] - spans[name][0] for name in names], lengths)
 
 
 class _Refused(Exception):
@@ -112,10 +115,14 @@ def _int_payloads(
 
 def _lengths_at(raw: np.ndarray, words: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(value, position after it) of the varint at each of ``pos``; ``_Refused`` if one is longer than
-    3 bytes (2**21 or more: no length of a record this path takes)."""
-    byte = raw[pos]
-    if byte.max() < 0x80:  # the common case: every length below 128
-        return byte.astype(np.int64), pos + 1
+    3 bytes (2**21 or more: no length of a record this path takes).
+
+    Lengths of one or two bytes (below 16,384: every length but a whole record's of more than 16 KB) are
+    one lookup of the 16-bit word at each position; longer ones are put together from 32-bit words.
+    """
+    small = _SMALL_VARINTS[words[pos] & 0xFFFF]
+    if small.min() >= 0:
+        return small & 0xFFFF, pos + (small >> 16)
     word = words[pos].astype(np.int64)
     more = (word >> 7) & 1
     more2 = more & (word >> 15)
@@ -125,6 +132,26 @@ def _lengths_at(raw: np.ndarray, words: np.ndarray, pos: np.ndarray) -> tuple[np
     return value, pos + 1 + more + more2
 
 
+def _small_varints() -> np.ndarray:
+    """The varint that starts with each 16-bit little-endian word, if it has one or two bytes: its value
+    plus its size times 2**16; -1 if it has three bytes or more."""
+    word = np.arange(1 << 16, dtype=np.int32)
+    first, second = word & 0xFF, word >> 8
+    two_bytes = np.where(second < 0x80, (first & 0x7F) | (second << 7) | (2 << 16), -1)
+    return np.where(first < 0x80, first | (1 << 16), two_bytes).astype(np.int32)
+
+
+_SMALL_VARINTS = _small_varints()
+
+
+@functools.lru_cache(maxsize=16)
+def _filled_rows(length: int) -> np.ndarray:
+    """Row ``n`` is the mask of a padded row of ``length`` that holds ``n`` values (read-only: shared)."""
+    rows = np.less(np.arange(length)[None, :], np.arange(length + 1)[:, None])
+    rows.setflags(write=False)
+    return rows
+
+
 def _varint_rows(
     data: bytes, row_bytes: list[np.ndarray], lengths: Mapping[str, int]
 ) -> dict[str, np.ndarray] | None:
@@ -132,8 +159,10 @@ def _varint_rows(
     of ``row_bytes[f][i]`` bytes. None if a payload does not end on a varint's last byte, a value needs
     more than 4 bytes (2**28 or more) or a row has more values than its length.
 
-    Temporaries live in the thread's workspace: fresh arrays of this size cost more in page faults
-    than the arithmetic done in them.
+    Each byte < 0x80 ends a varint, which starts right after the previous one. Values of one or two
+    bytes (below 16,384) come from their first and last bytes; when there are longer ones (a larger
+    vocabulary's ids), those are put together from 32-bit words. Temporaries live in the thread's
+    workspace: fresh arrays of this size cost more in page faults than the arithmetic done in them.
     """
     work = _WORKSPACE
     total = len(data)
@@ -149,28 +178,27 @@ def _varint_rows(
     firsts = work.get("padded_firsts", count, np.int64)
     firsts[:1] = 0
     np.add(varint_ends[:-1], 1, out=firsts[1:])
-    # The 4-byte little-endian word at each varint's first byte; the continuation bits (bit 7 of each
-    # byte) say which of its bytes belong to the varint, whose 7-bit groups are then put together.
-    every = work.get("padded_every", total, np.uint32)
-    np.copyto(every, np.ndarray((total,), dtype="<u4", buffer=raw, strides=(1,)))
-    words = np.take(every, firsts, out=work.get("padded_words", count, np.uint32))
-    scratch = work.get("padded_scratch", count, np.uint32)
-    values = np.bitwise_and(words, 0x7F, out=work.get("padded_values", count, np.uint32))
-    more = work.get("padded_more", count, np.uint32)
-    np.right_shift(words, 7, out=more)
-    more &= 1
-    for byte in (1, 2, 3):  # more: 1 where bytes 0 .. byte - 1 all continue
-        np.right_shift(words, byte, out=scratch)
-        scratch &= 0x7F << (7 * byte)
-        scratch *= more
-        values |= scratch
-        np.right_shift(words, 8 * byte + 7, out=scratch)
-        more &= scratch
-        if not more.any():
-            break
-    else:
-        return None  # a varint of 5 bytes or more
-    signed = values.view(np.int32)  # below 2**28
+    # A varint of one byte is its last byte; one of two bytes is its first byte's low 7 bits, then its
+    # last byte's, shifted by 7. Byte arrays and outputs in the workspace: no fresh temporary.
+    first = np.take(raw, firsts, out=work.get("padded_first_bytes", count, np.uint8))
+    last = np.take(raw, varint_ends, out=work.get("padded_last_bytes", count, np.uint8))
+    more = np.right_shift(first, 7, out=work.get("padded_more", count, np.uint8))  # 1: two bytes or more
+    first &= 0x7F
+    first *= more
+    shift = np.multiply(more, 7, out=work.get("padded_shift", count, np.uint8))
+    values = np.left_shift(last, shift, out=work.get("padded_values", count, np.int32), dtype=np.int32)
+    values |= first
+    if total - count != np.count_nonzero(more):
+        # Some varint has 3 bytes or more (each continuation byte is not the only one of its varint).
+        sizes = np.subtract(varint_ends, firsts, out=work.get("padded_sizes", count, np.int64))
+        longer = np.flatnonzero(sizes >= 2)
+        if sizes[longer].max() >= 4:
+            return None  # a varint of 5 bytes or more
+        word = np.ndarray((total + 1,), dtype="<u4", buffer=raw, strides=(1,))[firsts[longer]].astype(np.int32)
+        # 3 or 4 bytes: the 7-bit groups of bytes 0-2, and byte 3's if byte 2 continues.
+        fourth = (word >> 23) & 1
+        values[longer] = ((word & 0x7F) | ((word >> 1) & (0x7F << 7)) | ((word >> 2) & (0x7F << 14))
+                          | ((word >> 3) & (0x7F << 21)) * fourth)  # fmt: skip
     before = np.searchsorted(varint_ends, bounds)  # varints that end before each row's first byte
     out = {}
     records = len(row_bytes[0])
@@ -180,8 +208,8 @@ def _varint_rows(
         if counts.max() > length:
             return None  # the generic path names the feature and the length
         padded = np.zeros((records, length), dtype=np.int32)
-        filled = work.get("padded_filled", records * length, bool).reshape(records, length)
-        np.less(np.arange(length), counts[:, None], out=filled)
-        padded[filled] = signed[first[0] : first[-1]]
+        filled = np.take(_filled_rows(length), counts, axis=0,
+                         out=work.get("padded_filled", records * length, bool).reshape(records, length))
+        padded[filled] = values[first[0] : first[-1]]
         out[name] = padded
     return out
