@@ -13,7 +13,8 @@ version bump, and say why in the commit):
 History: cache format 2 (offsets sidecars list every record's data CRC) left the shard bytes as they
 were but changed every manifest, so the plan fingerprints in the ``/shards`` bodies changed. Cache
 format 4 (compact provenance: one ``provenance/origin`` feature per record, source files in the
-manifest) changed the shard bytes, the manifests and the byte offsets in the bodies.
+manifest) changed the shard bytes, the manifests and the byte offsets in the bodies. Origins sidecars
+(issue 19) changed the manifests only, so only the fingerprints in the bodies.
 """
 
 from __future__ import annotations
@@ -51,13 +52,17 @@ SHARD_SHA256 = {
 # format taskdata.cache/2 (offsets sidecars hold each record's CRC). The shard bytes did not change.
 # Changed by issue 21 with cache format taskdata.cache/4: new manifests (so new cache fingerprints) and
 # smaller records (so other byte offsets). The records each step reads are the same.
+# Changed by issue 19's origins sidecars (index/<shard>.origins, listed in each split's manifest entry): new
+# manifests, so new cache and plan fingerprints; with every 64-hex-digit fingerprint masked, each body is
+# byte for byte what it was. No format bump: the shard bytes are pinned unchanged above, and a reader that
+# predates the sidecars ignores the manifest's new key (taskdata.cache.format).
 SHARDS_BODY_SHA256 = {
-    "0/ints": "e309e5489a5502ea09598ac9ce1674d8b0aae66f3a69d66f472c760c6670f612",
-    "0/base64": "ea5f1ef9b0b124771007ad0b48160b9087460cd7b70fa73e9c66b3c3064c9571",
-    "100/ints": "69d1cf91ce1f76f749cedee84ed05946f7743baa36f145bf5ea60165469ca7cf",
-    "100/base64": "5ef478b395dde629f717b04f3eec2b298d1306338c768057d59382c2c1e28d98",
-    "1000000000000000/ints": "e2441442944960792878751763de9d7cb6adc2181598eb119951de8feaa0258a",
-    "1000000000000000/base64": "a8d965b15c0b3ab124ffd08bd1ec66a9f6ca4bb98c1b56628ddbe128fadaaa8b",
+    "0/ints": "85da6bff5bb3cde41f79ee5d3c60e2555a8a1ba36ae8d252457050d3bdf92c82",
+    "0/base64": "27b645d021f4e7a14b03d520a4962caf5708a517956b411bb24d3e31e4162b62",
+    "100/ints": "a12e53c424681e797976b7cac274605f9e790ece2dbd4572e84572c2b4f98215",
+    "100/base64": "fed01393f27cab353500a5c5ee1358312b36f576ce7fe979093e1b4c5321c980",
+    "1000000000000000/ints": "c94541806ec7f2362391e44dff19fb7c1e7ce36c571de5adb4dcffc28a57d1ab",
+    "1000000000000000/base64": "3ca0950eae82093272c12f6342881adbdfcdd2b87392dec08aa86d82aa724bf2",
 }
 
 
