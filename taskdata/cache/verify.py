@@ -110,9 +110,9 @@ def check_split(
         batch = readable[at : at + _SIDECAR_BATCH]
         paths = [prefix + entries[i].offsets_file for i in batch]
         origin_paths = [] if origins is None else [prefix + origins[i].file for i in batch]
-        found = fs.read_many(paths + origin_paths)  # one batch of requests for both kinds of sidecar
-        origin_data = found[len(paths):] if origins is not None else [None] * len(batch)
-        for i, path, data, origin in zip(batch, paths, found[: len(paths)], origin_data, strict=True):
+        sidecars = fs.read_many(paths + origin_paths)  # one batch of requests for both kinds of sidecar
+        origin_data = sidecars[len(paths):] if origins is not None else [None] * len(batch)
+        for i, path, data, origin in zip(batch, paths, sidecars[: len(paths)], origin_data, strict=True):
             problems[i] = _sidecar_problem(entries[i], data)
             if problems[i] is None:
                 assert data is not None  # _sidecar_problem names a sidecar that could not be read
