@@ -13,6 +13,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -375,3 +377,29 @@ def test_the_servers_first_use_refuses_a_cache_with_a_damaged_sidecar(damaged_ro
             assert "Cache of task 'toy_det' is not available: verification of" in response.json()["detail"]
             assert message in response.json()["detail"]
             assert client.get("/runs/pair/ledger", params={"step": 0}).status_code == 503
+
+
+def test_the_ledger_reads_sidecars_on_gcs_and_answers_as_locally(roots, capsys):
+    from tests.gcs_emulator import gcs_emulator
+
+    new = roots[1]
+    assert main(["ledger", "pair", "--step", "1000000", "--json", "--cache-root", str(new)]) == 0
+    local = json.loads(capsys.readouterr().out)
+    ledger = ("import sys\nfrom taskdata.cli import main\n"
+              "sys.exit(main(['ledger', 'pair', '--step', '1000000', '--json', '--cache-root', 'gs://caches/root']))\n")
+    with gcs_emulator("caches") as env:
+        upload = f"from gcsfs import GCSFileSystem\nGCSFileSystem().put({str(new)!r}, 'caches/root', recursive=True)\n"
+        assert subprocess.run([sys.executable, "-c", upload], env=env, timeout=300).returncode == 0
+        out = subprocess.run([sys.executable, "-c", ledger], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == local
+        edited = Path(version(new, "toy_det")) / SIDECAR
+        data = bytearray(edited.read_bytes())
+        data[24 + 8] ^= 0x01
+        remote = f"caches/root/toy_det/{Path(version(new, 'toy_det')).name}/{SIDECAR}"
+        put = f"from gcsfs import GCSFileSystem\nGCSFileSystem().pipe({remote!r}, {bytes(data)!r})\n"
+        assert subprocess.run([sys.executable, "-c", put], env=env, timeout=300).returncode == 0
+        out = subprocess.run([sys.executable, "-c", ledger.replace("1000000", "1000003")], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode != 0 and f"Origins sidecar gs://{remote} does not match its checksum" in out.stderr, (
+            out.stdout + out.stderr)
