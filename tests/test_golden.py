@@ -57,12 +57,12 @@ SHARD_SHA256 = {
 # byte for byte what it was. No format bump: the shard bytes are pinned unchanged above, and a reader that
 # predates the sidecars ignores the manifest's new key (taskdata.cache.format).
 SHARDS_BODY_SHA256 = {
-    "0/ints": "85da6bff5bb3cde41f79ee5d3c60e2555a8a1ba36ae8d252457050d3bdf92c82",
-    "0/base64": "27b645d021f4e7a14b03d520a4962caf5708a517956b411bb24d3e31e4162b62",
-    "100/ints": "a12e53c424681e797976b7cac274605f9e790ece2dbd4572e84572c2b4f98215",
-    "100/base64": "fed01393f27cab353500a5c5ee1358312b36f576ce7fe979093e1b4c5321c980",
-    "1000000000000000/ints": "c94541806ec7f2362391e44dff19fb7c1e7ce36c571de5adb4dcffc28a57d1ab",
-    "1000000000000000/base64": "3ca0950eae82093272c12f6342881adbdfcdd2b87392dec08aa86d82aa724bf2",
+    "0/ints": "f69692e65b04af76be3cbf79fd156134b936666e4c22c1d8d2d090932238fbb5",
+    "0/base64": "7668ccbdd53418c05b7d27d86159fe5d1f8fc9ece9b86e680a965a3b5395d1b4",
+    "100/ints": "78a6351e04c28708fc9640f694513ff6098d3816d03c18b06cd583e34e87260a",
+    "100/base64": "e37c8ba04b5162f90e1c38572955203b37b26a6ba96deeb7eb924c50a0c7440b",
+    "1000000000000000/ints": "10b06074b9fca4fa0fe34963085aeecbeb5e4eae76153409d7424e88daa27dc8",
+    "1000000000000000/base64": "b44ac8ce169b47185b13539b8ebae2d10c469ce15aa36df09a40996c0b00c93e",
 }
 
 

@@ -79,8 +79,10 @@ def assert_sidecars_are_the_records_origins(version_dir: str, split: str = "trai
             data = (Path(version_dir) / entry.file).read_bytes()
             assert hashlib.sha256(data).hexdigest() == entry.sha256
             assert entry.file == f"index/{manifest.split(split).shards[shard].file}.origins"
-            assert np.array_equal(read_origins(data, entry.file, len(expected)), expected)
-            assert np.array_equal(reader.shard_origins(split, shard), expected)
+            every = np.arange(len(expected))
+            assert np.array_equal(read_origins(data, entry.file, len(expected)).rows(every), expected)
+            table = reader.shard_origins(split, shard)
+            assert table is not None and np.array_equal(table.rows(every), expected)
 
 
 # --- what the cache job writes ------------------------------------------------------------------
@@ -137,21 +139,28 @@ def test_the_built_in_tasks_write_sidecars_that_are_their_records_origins(c4_fol
 # --- the file and the manifest entry ------------------------------------------------------------
 
 
-def test_a_sidecar_round_trips_and_refuses_what_is_not_one():
-    rows = np.array([[0, 5, 7, 0], [2, 9, 11, 3]], np.int64)
+def test_a_sidecar_round_trips_each_number_in_the_fewest_bytes_and_refuses_what_is_not_one():
+    rows = np.array([[0, 5, 7, 0], [2, 9, 11, 3], [1, 70_000, 2**40, 255]], np.int64)
     data = origins_sidecar(rows)
-    assert len(data) == 24 + 2 * 32 and np.array_equal(read_origins(data, "x.origins", 2), rows)
-    assert read_origins(origins_sidecar(np.zeros((0, 4), np.int64)), "empty", 0).shape == (0, 4)
+    table = read_origins(data, "x.origins", 3)
+    assert [column.dtype.itemsize for column in table.columns] == [1, 4, 8, 1]
+    assert len(data) == 24 + 8 + 16 + 24 + 8  # each column padded to 8 bytes
+    assert len(table) == 3 and np.array_equal(table.rows(np.array([2, 0, 2])), rows[[2, 0, 2]])
+    assert np.array_equal(read_origins(origins_sidecar(np.array([[2**63 - 1] * 4])), "big", 1).rows(np.array([0])),
+                          [[2**63 - 1] * 4])
+    assert len(read_origins(origins_sidecar(np.zeros((0, 4), np.int64)), "empty", 0)) == 0
     for bad, message in [
         (data[:10], "Origins sidecar x.origins has 10 bytes, fewer than its 24-byte header; it is truncated"),
-        (data[:-1], "Origins sidecar x.origins says 2 rows in 87 bytes; its shard has 2 records, which take 88"),
-        (b"TDOFFSET" + data[8:], "is not a taskdata origins file of version 1 with 4 numbers a row (magic b'TDOFFSET'"),
+        (data[:-1], "Origins sidecar x.origins says 3 records in 79 bytes; its shard has 3 records, which take 80"),
+        (b"TDOFFSET" + data[8:], "is not a taskdata origins file of version 1 (magic b'TDOFFSET', version 1, column "
+                                 "widths [1, 4, 8, 1])"),
+        (data[:12] + bytes([3]) + data[13:], "column widths [3, 4, 8, 1]"),
     ]:
         with pytest.raises(ValueError, match="rebuild it") as error:
-            read_origins(bad, "x.origins", 2)
+            read_origins(bad, "x.origins", 3)
         assert message in str(error.value)
-    with pytest.raises(ValueError, match="its shard has 3 records"):
-        read_origins(data, "x.origins", 3)
+    with pytest.raises(ValueError, match="says 3 records in 80 bytes; its shard has 4 records"):
+        read_origins(data, "x.origins", 4)
     for rows in (np.zeros((2, 3), np.int64), np.array([[0, -1, 0, 0]])):
         with pytest.raises(ValueError, match=r"\[records, 4\] array of numbers >= 0"):
             origins_sidecar(rows)
@@ -310,7 +319,7 @@ def test_the_ledger_command_and_http_answer_the_same_with_and_without_sidecars(r
 
 def _edit_row(path: Path) -> None:
     data = bytearray(path.read_bytes())
-    data[24 + 8] ^= 0x01  # the first record's ordinal: a sidecar that still parses, naming another example
+    data[24 + 8] ^= 0x01  # record 8's source shard: a sidecar that still parses, naming another example
     path.write_bytes(bytes(data))
 
 
@@ -360,7 +369,7 @@ def test_a_sidecar_that_parses_but_is_not_the_builds_would_name_other_examples(r
     entry = load_manifest(version_dir).split("train").shards[1]
     edited = Path(version_dir) / SIDECAR
     _edit_row(edited)
-    rows = read_origins(edited.read_bytes(), SIDECAR, entry.records)
+    rows = read_origins(edited.read_bytes(), SIDECAR, entry.records).rows(np.arange(entry.records))
     assert not np.array_equal(rows, record_origins(version(roots[1], "toy_det"))[1])
 
 

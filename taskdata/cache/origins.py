@@ -3,13 +3,20 @@
 The ledger names each example of a step by its provenance (``taskdata.cache.provenance``), which format 4
 keeps in every record. Reading 2,048 scattered records (~1.6 KB each, both CRCs checked) and decoding them
 only to learn four small numbers each cost most of a step ledger; the cache job writes those numbers a
-second time, one fixed-width row per record in record order, so that the ledger takes its rows by index
-from an array. Layout (little-endian)::
+second time, beside the shard, so that the ledger takes them by record index from arrays. Layout
+(little-endian)::
 
-    b"TDORIGIN" | uint32 version (1) | uint32 width (4) | uint64 count | int64 rows[count][width]
+    b"TDORIGIN" | uint32 version (1) | uint8 widths[4] | uint64 count
+        | column 0: count unsigned ints of widths[0] bytes, zero-padded to a multiple of 8 bytes
+        | column 1 | column 2 | column 3 (likewise)
 
-The 24-byte header keeps the rows 8-byte aligned for a zero-copy numpy view. A row holds exactly the
-record's ``provenance/origin`` values: source shard, ordinal, first document, documents after the first.
+Column j holds number j of every record's ``provenance/origin``, in record order: source shard, ordinal,
+first document, documents after the first; each in the fewest bytes (1, 2, 4 or 8) that hold its largest
+value in this shard. Columns rather than rows of four int64s: a source shard index and a document count
+fit a byte or two, an ordinal four, so a shard's sidecar is ~10 bytes a record instead of 32. That is what
+``taskdata verify --level listing`` reads and a server keeps in memory per shard the ledger touches. The
+header and the padding keep every column 8-byte aligned for zero-copy numpy views.
+
 The manifest lists each shard's sidecar with its sha256 (``SplitManifest.origins``), and every
 verification level checks it as it checks the offsets sidecar. Packed caches have none: a row of several
 examples has several origins, and the ledger refuses packed caches anyway.
@@ -17,6 +24,7 @@ examples has several origins, and the ledger refuses packed caches anyway.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Iterable, Iterator
 
@@ -24,13 +32,31 @@ import numpy as np
 
 from taskdata.cache.provenance import ORIGIN, ORIGIN_WIDTH
 
-__all__ = ["OriginsCollector", "origins_sidecar", "read_origins"]
+__all__ = ["OriginTable", "OriginsCollector", "origins_sidecar", "read_origins"]
 
 _MAGIC = b"TDORIGIN"
 _VERSION = 1
-_HEADER = struct.Struct("<8sIIQ")  # magic, version, row width, record count
+_HEADER = struct.Struct(f"<8sI{ORIGIN_WIDTH}BQ")  # magic, version, each column's byte width, record count
+_WIDTHS = (1, 2, 4, 8)
 # Records decoded at once while a shard is written: bounds the copy of their bytes, amortizes the decoder.
 _CHUNK = 4096
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OriginTable:
+    """One shard's origins sidecar, parsed: a column of unsigned ints per ``provenance/origin`` number."""
+
+    columns: tuple[np.ndarray, ...]
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def rows(self, records: np.ndarray) -> np.ndarray:
+        """The ``provenance/origin`` of records ``records`` of the shard, ``[len(records), 4]`` int64."""
+        out = np.empty((len(records), ORIGIN_WIDTH), np.int64)
+        for j, column in enumerate(self.columns):
+            out[:, j] = column[records]
+        return out
 
 
 def origins_sidecar(rows: np.ndarray) -> bytes:
@@ -39,24 +65,36 @@ def origins_sidecar(rows: np.ndarray) -> bytes:
     if rows.ndim != 2 or rows.shape[1] != ORIGIN_WIDTH or (rows.size and rows.min() < 0):
         raise ValueError(f"Origins rows must be a [records, {ORIGIN_WIDTH}] array of numbers >= 0 but got shape "
                          f"{rows.shape}{' with a negative number' if rows.ndim == 2 and rows.size else ''}.")
-    return _HEADER.pack(_MAGIC, _VERSION, ORIGIN_WIDTH, len(rows)) + rows.astype("<i8").tobytes()
+    largest = rows.max(axis=0) if rows.size else np.zeros(ORIGIN_WIDTH, np.int64)
+    widths = [next(w for w in _WIDTHS if int(m) < 1 << (8 * w)) for m in largest.tolist()]
+    parts = [_HEADER.pack(_MAGIC, _VERSION, *widths, len(rows))]
+    for j, width in enumerate(widths):
+        column = rows[:, j].astype(f"<u{width}").tobytes()
+        parts.append(column + bytes(-len(column) % 8))
+    return b"".join(parts)
 
 
-def read_origins(data: bytes, path: str, records: int) -> np.ndarray:
-    """The ``[records, 4]`` int64 rows of a sidecar (a read-only view of ``data``). ``path`` names it in errors."""
+def read_origins(data: bytes, path: str, records: int) -> OriginTable:
+    """The columns of a sidecar (read-only views of ``data``) of a shard of ``records`` records. ``path`` names
+    it in errors."""
     fix = "run 'taskdata verify' on the cache and rebuild it ('taskdata cache ... --force')"
     if len(data) < _HEADER.size:
         raise ValueError(f"Origins sidecar {path} has {len(data)} bytes, fewer than its {_HEADER.size}-byte header; "
                          f"it is truncated: {fix}.")
-    magic, version, width, count = _HEADER.unpack_from(data)
-    if magic != _MAGIC or version != _VERSION or width != ORIGIN_WIDTH:
-        raise ValueError(f"Origins sidecar {path} is not a taskdata origins file of version {_VERSION} with "
-                         f"{ORIGIN_WIDTH} numbers a row (magic {magic!r}, version {version}, width {width}): {fix}.")
-    expected = _HEADER.size + 8 * ORIGIN_WIDTH * records
+    magic, version, *widths, count = _HEADER.unpack_from(data)
+    if magic != _MAGIC or version != _VERSION or any(w not in _WIDTHS for w in widths):
+        raise ValueError(f"Origins sidecar {path} is not a taskdata origins file of version {_VERSION} (magic "
+                         f"{magic!r}, version {version}, column widths {widths}): {fix}.")
+    sizes = [-(-records * w // 8) * 8 for w in widths]  # each column padded to a multiple of 8 bytes
+    expected = _HEADER.size + sum(sizes)
     if count != records or len(data) != expected:
-        raise ValueError(f"Origins sidecar {path} says {count} rows in {len(data)} bytes; its shard has {records} "
+        raise ValueError(f"Origins sidecar {path} says {count} records in {len(data)} bytes; its shard has {records} "
                          f"records, which take {expected} bytes: {fix}.")
-    return np.frombuffer(data, dtype="<i8", offset=_HEADER.size).reshape(records, ORIGIN_WIDTH)
+    columns, offset = [], _HEADER.size
+    for width, size in zip(widths, sizes, strict=True):
+        columns.append(np.frombuffer(data, dtype=f"<u{width}", count=records, offset=offset))
+        offset += size
+    return OriginTable(tuple(columns))
 
 
 class OriginsCollector:

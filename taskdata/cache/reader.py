@@ -24,6 +24,7 @@ from taskdata import fs
 from taskdata.cache.format import CacheFormatError, Manifest, ShardEntry, completed_path, load_manifest
 
 if TYPE_CHECKING:  # imported on first use, as before
+    from taskdata.cache.origins import OriginTable
     from taskdata.cache.shard_reader import ShardReader
     from taskdata.cache.tfrecord import RecordIndex
     from taskdata.example import RaggedFeature
@@ -62,7 +63,7 @@ class CacheReader:
         self._verify_crc = verify_crc
         self._shards: dict[tuple[str, int], tuple[ShardReader, RecordIndex]] = {}
         self._sources: dict[tuple[str, int], _Source] = {}
-        self._origins: dict[tuple[str, int], np.ndarray] = {}
+        self._origins: dict[tuple[str, int], OriginTable] = {}
 
     @property
     def task(self) -> str:
@@ -87,10 +88,10 @@ class CacheReader:
         """Byte offset of every record of the shard, then the file length (checked against the manifest)."""
         return self._reader(split, shard)[1].offsets
 
-    def shard_origins(self, split: str, shard: int) -> np.ndarray | None:
-        """Every record's ``provenance/origin`` (``[records, 4]`` int64, read-only) from the shard's origins
-        sidecar (``taskdata.cache.origins``), checked against its sha256 in the manifest on first use; None
-        where the manifest lists no sidecars (caches built before them, packed rows, formats 2 and 3)."""
+    def shard_origins(self, split: str, shard: int) -> OriginTable | None:
+        """Every record's ``provenance/origin`` from the shard's origins sidecar (``taskdata.cache.origins``),
+        checked against its sha256 in the manifest on first use; None where the manifest lists no sidecars
+        (caches built before them, packed rows, formats 2 and 3)."""
         origins = self.manifest.split(split).origins
         if origins is None:
             return None

@@ -34,6 +34,7 @@ import numpy as np
 
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError, find_version, list_versions, task_dir
+from taskdata.cache.origins import OriginTable
 from taskdata.cache.provenance import (
     ORIGIN_WIDTH,
     Provenance,
@@ -124,14 +125,14 @@ class TaskCacheView:
                 rows = np.empty((len(records), ORIGIN_WIDTH), np.int64)
                 for shard in np.unique(shards).tolist():
                     mine = np.flatnonzero(shards == shard)
-                    rows[mine] = self._origins(shard)[self._in_range(shard, records[mine])]
+                    rows[mine] = self._origins(shard).rows(self._in_range(shard, records[mine]))
             else:
                 decoded = self.reader.decode_records(self.split, shards, records, self._spec)
         if self._has_origins:
             return origins_provenance(self.reader.manifest, self.split, rows)
         return read_provenance(self.reader.manifest, self.split, decoded)
 
-    def _origins(self, shard: int) -> np.ndarray:
+    def _origins(self, shard: int) -> OriginTable:
         table = self.reader.shard_origins(self.split, shard)
         assert table is not None  # the manifest lists the split's origins sidecars
         return table
@@ -220,7 +221,7 @@ class TaskCacheView:
 
     def _key(self, shard: int, record: int) -> int:
         if self._has_origins:
-            source_shard, ordinal = self._origins(shard)[record, :2].tolist()
+            source_shard, ordinal = self._origins(shard).rows(np.array([record]))[0, :2].tolist()
             return shuffle_key(self.seed, self.task, self.split, source_shard, ordinal)
         # One record: the generic parser, reading the provenance features only, is ~30x cheaper than a batch decode.
         record_bytes = self.reader.read(self.split, shard, record, 1)[0]
