@@ -12,9 +12,11 @@ vectorised, kept here as the reference), by ``assign`` and by ``example_arrays``
 Then stages (plans of 1, 10 and 100 stages: lookups should not grow with them), and the ledger and
 the summary over a cache written here in the cache job's format (records keyed by the keyed hash of
 their stable ids, bucketed and sorted as ``taskdata.cache.shuffle`` says, with the job's provenance
-features; span-corruption-sized records, 100,000 per shard of the largest task): by step (the whole
-global batch of 2048 and one host's slice of 256), by example (the search by shuffle key plus its reads
-from the step on), and the summary; target: each under 10 ms.
+features and origins sidecars; span-corruption-sized records, 100,000 per shard of the largest task): by
+step (the whole global batch of 2048 and one host's slice of 256), by example (the search by shuffle key
+plus its reads from the step on), and the summary; target: each under 10 ms. In the same run, for
+comparison, the same caches without origins sidecars (as built before them: the ledger reads each
+example's record) and in format 2.
 """
 
 from __future__ import annotations
