@@ -174,6 +174,8 @@ def test_the_collector_passes_records_through_and_names_one_without_an_origin():
     wrong = OriginsCollector("shard-7")
     with pytest.raises(ValueError, match=f"Record 1 of shard shard-7 has 8 {ORIGIN} values; a record of one example"):
         list(wrong.passed([records[0], encode_example({ORIGIN: [0, 1, 1, 0] * 2})]))
+    with pytest.raises(ValueError, match=f"Record 4097 of shard shard-7: has no feature '{ORIGIN}'; it has"):
+        list(OriginsCollector("shard-7").passed([*records[:4097], encode_example({"x": [1]})]))
 
 
 def test_manifest_entries_name_a_file_under_index_and_only_format_4_examples_list_them():

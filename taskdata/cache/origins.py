@@ -121,9 +121,14 @@ class OriginsCollector:
             self._add(chunk)
 
     def _add(self, records: list[bytes]) -> None:
-        from taskdata.example import decode_batch
+        from taskdata.example import ExampleDecodeError, decode_batch
 
-        origin = decode_batch(records, {ORIGIN: "int64"})[ORIGIN]
+        try:
+            origin = decode_batch(records, {ORIGIN: "int64"})[ORIGIN]
+        except ExampleDecodeError as error:
+            raise ValueError(f"Record {self._count + error.record_index} of shard {self._shard}: {error.reason}. Every "
+                             f"record the cache job writes carries its {ORIGIN} (taskdata.beam.pipeline."
+                             "encode_cache_record).") from None
         counts = np.diff(origin.row_splits)
         bad = np.flatnonzero(counts != ORIGIN_WIDTH)
         if bad.size:
