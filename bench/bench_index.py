@@ -12,9 +12,11 @@ vectorised, kept here as the reference), by ``assign`` and by ``example_arrays``
 Then stages (plans of 1, 10 and 100 stages: lookups should not grow with them), and the ledger and
 the summary over a cache written here in the cache job's format (records keyed by the keyed hash of
 their stable ids, bucketed and sorted as ``taskdata.cache.shuffle`` says, with the job's provenance
-features; span-corruption-sized records, 100,000 per shard of the largest task): by step (the whole
-global batch of 2048 and one host's slice of 256), by example (the search by shuffle key plus its reads
-from the step on), and the summary; target: each under 10 ms.
+features and origins sidecars; span-corruption-sized records, 100,000 per shard of the largest task): by
+step (the whole global batch of 2048 and one host's slice of 256), by example (the search by shuffle key
+plus its reads from the step on), and the summary; target: each under 10 ms. In the same run, for
+comparison, the same caches without origins sidecars (as built before them: the ledger reads each
+example's record) and in format 2.
 """
 
 from __future__ import annotations
@@ -305,12 +307,12 @@ LEDGER_SHARDS = {"c4_span_corruption": (100_000, 100_000), "wiki_lm": (20_000, 2
 
 
 def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], seed: int = 0, *,
-                      compact: bool = True) -> str:
+                      compact: bool = True, origins: bool = True) -> str:
     """A complete cache version of ``task`` as the cache job lays it out: ``sum(counts)`` examples of
     ``len(counts)`` source shards, each record keyed by ``shuffle_key(seed, stable id)``, put in the shard
     of its key range and sorted by key there, with the job's provenance (``compact``: format 4's
-    ``provenance/origin``; else format 2's seqio-style features, as caches built before it hold). Returns its
-    fingerprint."""
+    ``provenance/origin``, and with ``origins`` each shard's origins sidecar, as the job writes them; else
+    format 2's seqio-style features, as caches built before format 4 hold). Returns its fingerprint."""
     import hashlib
     import json
 
@@ -319,12 +321,15 @@ def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], se
         FORMAT_SEQIO_PROVENANCE,
         Manifest,
         ShardEntry,
+        SidecarEntry,
         SplitManifest,
         completed_bytes,
         manifest_bytes,
         offsets_name,
+        origins_name,
         shard_name,
     )
+    from taskdata.cache.origins import origins_sidecar
     from taskdata.cache.provenance import ORIGIN, origin_info, origin_values
     from taskdata.cache.shuffle import shard_of_key, shuffle_key
     from taskdata.cache.tfrecord import TFRecordWriter, write_offsets
@@ -340,11 +345,11 @@ def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], se
     for i in np.argsort(np.array(keys, np.uint64), kind="stable").tolist():
         buckets[shard_of_key(keys[i], num_shards)].append(i)
     rng = np.random.default_rng(0)
-    entries, stats_tokens = [], {"inputs": 0, "targets": 0}
+    entries, sidecars, stats_tokens = [], [], {"inputs": 0, "targets": 0}
     histograms: dict[str, dict[int, int]] = {"inputs": {}, "targets": {}}
     for shard, members in enumerate(buckets):
         file = version_dir / shard_name("train", shard, num_shards)
-        longest = 0
+        longest, rows = 0, []
         with open(file, "wb") as f:
             writer = TFRecordWriter(f)
             for i in members:
@@ -359,6 +364,7 @@ def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], se
                 }
                 if compact:
                     example[ORIGIN] = origin_values(source, ordinal, ordinal * 3, ordinal * 3 + 2)
+                    rows.append(example[ORIGIN])
                 else:
                     example.update(seqio_style_provenance(task, files[source], source, ordinal, seed))
                 record = encode_example(example)
@@ -373,13 +379,18 @@ def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], se
             offsets_file=offsets_name("train", shard, num_shards),
             offsets_sha256=hashlib.sha256(sidecar).hexdigest(), max_record_bytes=longest,
         ))  # fmt: skip
+        if compact and origins:
+            data = origins_sidecar(np.array(rows, np.int64).reshape(-1, 4))
+            (version_dir / origins_name("train", shard, num_shards)).write_bytes(data)
+            sidecars.append(SidecarEntry(origins_name("train", shard, num_shards), hashlib.sha256(data).hexdigest()))
     features = {name: {"dtype": "int32", "shape": [None]} for name in ("inputs", "targets")}
     if compact:
         features[ORIGIN] = origin_info(packed=False)
     else:
         for key, value in seqio_style_provenance(task, files[0], 0, 0, seed).items():
             features[key] = {"dtype": "string" if isinstance(value, str) else "int32", "shape": []}
-    split = SplitManifest(tuple(entries), num_shards, {}, source_files=files if compact else None)
+    split = SplitManifest(tuple(entries), num_shards, {}, source_files=files if compact else None,
+                          origins=tuple(sidecars) if compact and origins else None)
     manifest = Manifest(
         task=task, task_fingerprint=f"bench-{task}", fingerprints={}, seed=seed, taskdata_version="bench",
         sequence_length={}, features=features, splits={"train": split},
@@ -411,21 +422,23 @@ def seqio_style_provenance(task: str, file: str, source: int, ordinal: int, seed
 
 
 def ledger_costs(root: pathlib.Path) -> list[str]:
-    """The ledger and the summary over caches in format 4 (what the job writes) and, in the same run, format 2
-    (the seqio-style provenance caches built before it hold, which the ledger still reads)."""
+    """The ledger and the summary over caches in format 4 with origins sidecars (what the job writes), and in the
+    same run over the caches built before them, whose records the ledger reads: format 4 without sidecars and
+    format 2 (seqio-style provenance features)."""
     lines = []
-    for compact in (True, False):
-        lines += _ledger_costs(root / ("format4" if compact else "format2"), compact)
+    for name, compact, origins in (("format4-origins", True, True), ("format4", True, False),
+                                   ("format2", False, False)):
+        lines += _ledger_costs(root / name, compact, origins)
     return lines
 
 
-def _ledger_costs(root: pathlib.Path, compact: bool) -> list[str]:
+def _ledger_costs(root: pathlib.Path, compact: bool, origins: bool) -> list[str]:
     from taskdata.cache.reader import CacheReader
     from taskdata.runs import example_ledger, open_views, step_ledger, summarize
 
     caches, record_bytes = {}, []
     for task, counts in LEDGER_SHARDS.items():
-        fingerprint = write_keyed_cache(root, task, counts, compact=compact)
+        fingerprint = write_keyed_cache(root, task, counts, compact=compact, origins=origins)
         with CacheReader(str(root / task / "v20260101T000000Z-ledger")) as reader:
             caches[task] = TaskCache(fingerprint, reader.record_counts("train"))
             split = reader.manifest.split("train")
@@ -434,8 +447,13 @@ def _ledger_costs(root: pathlib.Path, compact: bool) -> list[str]:
     shapes = ", ".join(
         f"{t}: {len(c)} shard{'s' if len(c) > 1 else ''} of ~{sum(c) // len(c):,} records" for t, c in LEDGER_SHARDS.items()
     )
-    what = ("format 4 (provenance/origin; what the cache job writes)" if compact else
-            "format 2 (seqio-style provenance features, as caches built before format 4 hold)")
+    what = {
+        (True, True): "format 4 with origins sidecars (what the cache job writes: provenance from the sidecars, "
+                      "no record read)",
+        (True, False): "format 4 without origins sidecars (as caches built before them: provenance/origin read "
+                       "from the records)",
+        (False, False): "format 2 (seqio-style provenance features, as caches built before format 4 hold)",
+    }[compact, origins]
     lines = [
         f"  - ledger and summary over caches in {what} ({shapes}; span-corruption-sized records, "
         f"{statistics.mean(record_bytes):,.0f} bytes framed), global batch 2048, 8 data shards, files in the page "
@@ -444,16 +462,23 @@ def _ledger_costs(root: pathlib.Path, compact: bool) -> list[str]:
     ]
     for count in (1, 100):
         plan = staged(base, count)
-        views = open_views(plan, str(root))
-        try:
-            for step in (10**6, 10**9):
-                step_ledger(plan, views, step)  # loads the offsets sidecars the step touches, once
+        for step in (10**6, 10**9):
+            views = open_views(plan, str(root))
+            try:
+                started = time.perf_counter()
+                step_ledger(plan, views, step)  # loads the sidecars (offsets, or origins) the step touches, once
+                first = time.perf_counter() - started
                 whole = per_call(lambda s=step, p=plan, v=views: step_ledger(p, v, s), repeat=7)
                 whole_cpu = per_call(lambda s=step, p=plan, v=views: step_ledger(p, v, s), clock=time.process_time)
                 body = per_call(lambda s=step, p=plan, v=views: step_ledger(p, v, s).to_dict(), repeat=7)
                 host = per_call(lambda s=step, p=plan, v=views: step_ledger(p, v, s, host=3, num_hosts=8), repeat=7)
                 index_math = per_call(lambda s=step, p=plan: example_arrays(p, p.positions(s)), repeat=7)
-                read, decode = _read_and_decode(plan, views, step)
+                if origins:
+                    rows = _sidecar_rows(plan, views, step)
+                    parts = f"its rows of the origins sidecars {rows * 1e3:.2f} ms"
+                else:
+                    read, decode = _read_and_decode(plan, views, step)
+                    parts = f"verified reads {read * 1e3:.2f} ms, decoding the provenance {decode * 1e3:.2f} ms"
                 # Examples of the largest task: shards of 100,000 records.
                 largest = [e for e in step_ledger(plan, views, step).entries if e.task == "c4_span_corruption"]
                 entry = largest[0]
@@ -468,21 +493,31 @@ def _ledger_costs(root: pathlib.Path, compact: bool) -> list[str]:
                     repeat=7,
                 )
                 summary = per_call(lambda s=step, p=plan, v=views: summarize(p, v, s), repeat=7)
-                lines.append(
-                    f"  - {count} stage{'s' if count > 1 else ''}, step {step:,}: ledger by step {whole * 1e3:.2f} ms "
-                    f"({whole_cpu * 1e3:.2f} ms CPU) "
-                    f"(2048 examples: the index math {index_math * 1e3:.2f} ms, verified reads {read * 1e3:.2f} ms, "
-                    f"decoding the provenance {decode * 1e3:.2f} ms; with its JSON body, the entries as dicts, "
-                    f"{body * 1e3:.2f} ms), {host * 1e3:.2f} ms (one host's 256); ledger by example "
-                    f"{example * 1e3:.2f} ms (its search by shuffle key {find * 1e3:.2f} ms: {probes:.1f} one-record "
-                    f"reads on average over 200 {entry.task} examples of the step, a binary search takes {binary}; then its "
-                    f"first 10 reads from the step and the count of its reads in the next 10^6 steps); summary "
-                    f"{summary * 1e3:.2f} ms"
-                )
-        finally:
-            for view in views.values():
-                view.close()
+            finally:
+                for view in views.values():
+                    view.close()
+            lines.append(
+                f"  - {count} stage{'s' if count > 1 else ''}, step {step:,}: ledger by step {whole * 1e3:.2f} ms "
+                f"({whole_cpu * 1e3:.2f} ms CPU) "
+                f"(2048 examples: the index math {index_math * 1e3:.2f} ms, {parts}; with its JSON body, the "
+                f"entries as dicts, {body * 1e3:.2f} ms; its first call, loading the sidecars it touches, "
+                f"{first * 1e3:.1f} ms), {host * 1e3:.2f} ms (one host's 256); ledger by example "
+                f"{example * 1e3:.2f} ms (its search by shuffle key {find * 1e3:.2f} ms: {probes:.1f} probes "
+                f"({'sidecar rows' if origins else 'one-record reads'}) on average over 200 {entry.task} examples of "
+                f"the step, a binary search takes {binary}; then its first 10 reads from the step and the count of its "
+                f"reads in the next 10^6 steps); summary {summary * 1e3:.2f} ms"
+            )
     return lines
+
+
+def _sidecar_rows(plan: RunPlan, views: dict, step: int) -> float:
+    """Seconds (median of 7) the step ledger takes to gather its examples' provenance from the origins sidecars."""
+    arrays = example_arrays(plan, plan.positions(step))
+    parts = []
+    for task in np.unique(arrays.tasks).tolist():
+        mine = arrays.tasks == task
+        parts.append((views[plan.task_names[task]], arrays.shards[mine], arrays.records[mine]))
+    return per_call(lambda: [view.provenance(s, r) for view, s, r in parts], repeat=7)
 
 
 def _read_and_decode(plan: RunPlan, views: dict, step: int) -> tuple[float, float]:

@@ -73,6 +73,7 @@ def test_cache_layout_is_seqio_compatible_and_complete(reference):
         *(f"validation.tfrecord-{i:05d}-of-00003" for i in range(3)),
         *(f"index/train.tfrecord-{i:05d}-of-00003.offsets" for i in range(3)),
         *(f"index/validation.tfrecord-{i:05d}-of-00003.offsets" for i in range(3)),
+        *(f"index/{split}.tfrecord-{i:05d}-of-00003.origins" for split in ("train", "validation") for i in range(3)),
         "info.train.json", "info.validation.json", "stats.train.json", "stats.validation.json",
         "manifest.json", "COMPLETED",
     }

@@ -69,8 +69,8 @@ def test_small_drill_passes_every_stage_and_leaves_no_process(tmp_path):
     assert processes_mentioning(bucket) == [] and processes_mentioning(str(tmp_path)) == []
     facts = report.facts
     assert (
-        facts["cache"]["identical_files"] == 22
-    )  # 2 splits x 4 shards x (shard + offsets) + 6 metadata files
+        facts["cache"]["identical_files"] == 30
+    )  # 2 splits x 4 shards x (shard + offsets + origins sidecar) + 6 metadata files
     preempted, resumed = facts["preempted"], facts["resumed"]
     assert preempted["killed_process"] == 2 and preempted["exit_codes"][2] == -9
     assert {i: preempted["exit_codes"][i] for i in (0, 1, 3)} == {0: 1, 1: 1, 3: 1}, "each said why (checked)"

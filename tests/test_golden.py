@@ -13,7 +13,8 @@ version bump, and say why in the commit):
 History: cache format 2 (offsets sidecars list every record's data CRC) left the shard bytes as they
 were but changed every manifest, so the plan fingerprints in the ``/shards`` bodies changed. Cache
 format 4 (compact provenance: one ``provenance/origin`` feature per record, source files in the
-manifest) changed the shard bytes, the manifests and the byte offsets in the bodies.
+manifest) changed the shard bytes, the manifests and the byte offsets in the bodies. Origins sidecars
+(issue 19) changed the manifests only, so only the fingerprints in the bodies.
 """
 
 from __future__ import annotations
@@ -51,13 +52,17 @@ SHARD_SHA256 = {
 # format taskdata.cache/2 (offsets sidecars hold each record's CRC). The shard bytes did not change.
 # Changed by issue 21 with cache format taskdata.cache/4: new manifests (so new cache fingerprints) and
 # smaller records (so other byte offsets). The records each step reads are the same.
+# Changed by issue 19's origins sidecars (index/<shard>.origins, listed in each split's manifest entry): new
+# manifests, so new cache and plan fingerprints; with every 64-hex-digit fingerprint masked, each body is
+# byte for byte what it was. No format bump: the shard bytes are pinned unchanged above, and a reader that
+# predates the sidecars ignores the manifest's new key (taskdata.cache.format).
 SHARDS_BODY_SHA256 = {
-    "0/ints": "e309e5489a5502ea09598ac9ce1674d8b0aae66f3a69d66f472c760c6670f612",
-    "0/base64": "ea5f1ef9b0b124771007ad0b48160b9087460cd7b70fa73e9c66b3c3064c9571",
-    "100/ints": "69d1cf91ce1f76f749cedee84ed05946f7743baa36f145bf5ea60165469ca7cf",
-    "100/base64": "5ef478b395dde629f717b04f3eec2b298d1306338c768057d59382c2c1e28d98",
-    "1000000000000000/ints": "e2441442944960792878751763de9d7cb6adc2181598eb119951de8feaa0258a",
-    "1000000000000000/base64": "a8d965b15c0b3ab124ffd08bd1ec66a9f6ca4bb98c1b56628ddbe128fadaaa8b",
+    "0/ints": "f69692e65b04af76be3cbf79fd156134b936666e4c22c1d8d2d090932238fbb5",
+    "0/base64": "7668ccbdd53418c05b7d27d86159fe5d1f8fc9ece9b86e680a965a3b5395d1b4",
+    "100/ints": "78a6351e04c28708fc9640f694513ff6098d3816d03c18b06cd583e34e87260a",
+    "100/base64": "e37c8ba04b5162f90e1c38572955203b37b26a6ba96deeb7eb924c50a0c7440b",
+    "1000000000000000/ints": "10b06074b9fca4fa0fe34963085aeecbeb5e4eae76153409d7424e88daa27dc8",
+    "1000000000000000/base64": "b44ac8ce169b47185b13539b8ebae2d10c469ce15aa36df09a40996c0b00c93e",
 }
 
 

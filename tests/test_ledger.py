@@ -83,6 +83,7 @@ def test_a_step_ledger_lists_the_global_batch_with_each_records_own_provenance(p
     assert ledger.fingerprint == plan.fingerprint_before(step + 1)
     # The JSON body is made from the columns directly: the entries' own dicts, in order.
     assert ledger.to_dict()["examples"] == [entry.to_dict() for entry in ledger.entries]
+    assert [list(example) for example in ledger.to_dict()["examples"][:1]] == [list(e.to_dict()) for e in ledger.entries[:1]]
     # A host's slice is its data shard's part of the global batch.
     host = step_ledger(plan, views, step, host=5, num_hosts=8)  # hosts 4 and 5 share data shard 2
     assert host.data_shard == 2 and host.entries == tuple(e for e in ledger.entries if e.data_shard == 2)

@@ -77,7 +77,8 @@ def test_a_duplicate_key_found_while_a_shard_streams_in_leaves_no_half_written_f
     version = tmp_path / "v"
     spec = CacheJobSpec(task="toy", task_fingerprint="x", modules=(), config=("/tmp", None, None), seed=0,
                         version_dir=str(version), tmp_dir=str(version / "_tmp"), num_shards=(("train", 1),))
-    records = [(k, encode_example({"inputs": np.arange(k % 50, dtype=np.int32)})) for k in range(1, 2000)]
+    records = [(k, encode_example({"inputs": np.arange(k % 50, dtype=np.int32), "provenance/origin": [0, k, k, 0]}))
+               for k in range(1, 2000)]
     segments = [s.to_tuple() for _, s in _spilled(tmp_path, [*records, (1500, records[0][1])], num_shards=1)]
     with pytest.raises(RuntimeError, match="same shuffle key"):
         write_output_shard(spec, "train", 0, segments)

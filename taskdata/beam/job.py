@@ -30,6 +30,7 @@ from taskdata.cache.format import (
     CacheFormatError,
     Manifest,
     ShardEntry,
+    SidecarEntry,
     SplitManifest,
     completed_bytes,
     completed_path,
@@ -384,19 +385,22 @@ def _finalize(task: Task, spec: CacheJobSpec, splits: Sequence[str], num_shards:
             for key, value in result["counters"].items():
                 counters[key] = counters.get(key, 0) + int(value)
             features = features or (result["features"] or {})
-        shards = []
+        shards, origins = [], []
         for dest in range(num_shards[split]):
             result_path = shard_result_path(spec.tmp_dir, split, dest)
             if not fs.exists(result_path):
                 # No example fell into this key range: an empty shard keeps the file set complete.
                 _write_empty_shard(spec, split, dest, num_shards[split])
-            shards.append(ShardEntry(**read_json(result_path)))
+            result = read_json(result_path)
+            if "origins" in result:  # every shard of a cache of examples has its origins sidecar
+                origins.append(SidecarEntry(**result.pop("origins")))
+            shards.append(ShardEntry(**result))
         if spec.packing_lengths is not None:
             # The records are rows: seqio's files describe them; the counters say what they hold.
             rows = [read_json(packing_result_path(spec.tmp_dir, split, d)) for d in range(num_shards[split])]
             stats = _packed_split(split, rows, stats, counters)
         split_manifest = SplitManifest(shards=tuple(shards), source_shards=len(sources), counters=counters,
-                                       source_files=tuple(source_files))
+                                       source_files=tuple(source_files), origins=tuple(origins) or None)
         if split_manifest.num_records != stats.examples:
             raise CacheJobError(
                 f"Split {split!r}: the shards hold {split_manifest.num_records} records but the source shards "

@@ -3,7 +3,7 @@
     Create(source shards) -> Reshuffle (only to spread the work; order comes from keys)
       -> PreprocessShard: run the task on one source shard, key every example by
          hash(seed, stable id), spill sorted runs, emit (split, destination shard) -> segment
-      -> GroupByKey -> WriteShard: merge the segments of one shard by key, write records + offsets
+      -> GroupByKey -> WriteShard: merge the segments of one shard by key, write records + offsets (+ origins)
 
 Every file is written under a deterministic name with deterministic bytes (write-then-rename), so a
 retried bundle rewrites identical content, and the result does not depend on the runner, the number
@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from taskdata import fs
-from taskdata.cache.format import offsets_name, shard_name
+from taskdata.cache.format import offsets_name, origins_name, shard_name
 from taskdata.fingerprint import canonical_json
 
 
@@ -266,10 +266,15 @@ def _unique_keys(entries: Iterator[tuple[int, bytes]], spec: CacheJobSpec, split
 
 
 def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: int, records: Iterable[bytes]) -> None:
+    from taskdata.cache.origins import OriginsCollector
     from taskdata.cache.tfrecord import TFRecordWriter, write_offsets
 
     name = shard_name(split, dest, num_shards)
     path = fs.join(spec.version_dir, name)
+    # A record of one example has one origin: its sidecar lets the ledger read no record (packed rows have many).
+    origins = OriginsCollector(name) if spec.packing_lengths is None else None
+    if origins is not None:
+        records = origins.passed(records)
     fs_, inner = fs.filesystem(path)
     # Locally: write beside, then rename. On an object store the upload itself is all-or-nothing.
     tmp = inner if fs.is_remote(path) else f"{inner}.tmp-{os.getpid()}"
@@ -292,12 +297,21 @@ def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: in
         raise
     offsets_data = write_offsets(offsets, size, writer.crcs)
     fs.write_atomic(fs.join(spec.version_dir, offsets_name(split, dest, num_shards)), offsets_data)
+    origins_entry = None
+    if origins is not None:
+        from taskdata.cache.origins import origins_sidecar
+
+        origins_data = origins_sidecar(origins.rows())
+        fs.write_atomic(fs.join(spec.version_dir, origins_name(split, dest, num_shards)), origins_data)
+        origins_entry = {"file": origins_name(split, dest, num_shards),
+                         "sha256": hashlib.sha256(origins_data).hexdigest()}
     if tmp != inner:
         os.replace(tmp, inner)
     result = {
         "file": name, "records": len(offsets), "bytes": size, "sha256": digest.hexdigest(),
         "offsets_file": offsets_name(split, dest, num_shards),
         "offsets_sha256": hashlib.sha256(offsets_data).hexdigest(), "max_record_bytes": max_record,
+        **({} if origins_entry is None else {"origins": origins_entry}),
     }
     fs.write_atomic(shard_result_path(spec.tmp_dir, split, dest), canonical_json(result).encode())
 

@@ -6,6 +6,7 @@
     {root}/{task}/{version}/                      one build; seqio can read it as a cached task
         {split}.tfrecord-00000-of-00004           tf.train.Example records in global shuffled order
         index/{split}.tfrecord-00000-of-00004.offsets   byte offset and data CRC of every record
+        index/{split}.tfrecord-00000-of-00004.origins   every record's provenance/origin (format 4, unpacked)
         info.{split}.json, stats.{split}.json     seqio's feature info and statistics
         manifest.json                             everything below, hashed by COMPLETED
         COMPLETED                                 written last: {"manifest_sha256": ...}
@@ -13,6 +14,12 @@
 A version without ``COMPLETED`` (or whose ``COMPLETED`` does not match its manifest) is not a cache:
 it is what a crashed build leaves, and nothing reads it. Offsets live in a subfolder so that seqio's
 ``{split}.tfrecord-*-of-*`` pattern matches only the record files.
+
+The origins sidecars (``taskdata.cache.origins``) repeat what the records' ``provenance/origin`` say, so
+that the ledger answers without reading records. A split lists them (``"origins"``, with their sha256)
+beside its shards, not in the shard entries: a reader that predates them reads the manifest, verifies
+and reads the cache as before (it ignores keys it does not know), so they need no new format. Caches
+built before them have no ``"origins"``, and the ledger reads those records.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ __all__ = [
     "CacheFormatError",
     "Manifest",
     "ShardEntry",
+    "SidecarEntry",
     "SplitManifest",
     "completed_path",
     "current_version",
@@ -44,6 +52,7 @@ __all__ = [
     "load_manifest",
     "manifest_bytes",
     "offsets_name",
+    "origins_name",
     "shard_name",
     "task_dir",
 ]
@@ -78,6 +87,10 @@ def offsets_name(split: str, index: int, num_shards: int) -> str:
     return f"index/{shard_name(split, index, num_shards)}.offsets"
 
 
+def origins_name(split: str, index: int, num_shards: int) -> str:
+    return f"index/{shard_name(split, index, num_shards)}.origins"
+
+
 def task_dir(root: str, task_name: str) -> str:
     # The name is validated here too: a name becomes part of a path only through a checked lookup.
     return fs.join(root, validate_name(task_name, kind="task"))
@@ -107,6 +120,20 @@ class ShardEntry:
 
 
 @dataclasses.dataclass(frozen=True)
+class SidecarEntry:
+    """A sidecar file beside one shard (its origins: ``taskdata.cache.origins``) and its sha256."""
+
+    file: str
+    sha256: str
+
+    def __post_init__(self) -> None:
+        named = re.fullmatch(r"index/[\w.-]+", self.file) is not None and ".." not in self.file
+        if not named or re.fullmatch(r"[0-9a-f]{64}", self.sha256) is None:
+            raise CacheFormatError(f"A sidecar entry names a file directly under index/ and its sha256 (64 hex "
+                                   f"digits) but got {self}.")
+
+
+@dataclasses.dataclass(frozen=True)
 class SplitManifest:
     shards: tuple[ShardEntry, ...]
     source_shards: int
@@ -114,11 +141,17 @@ class SplitManifest:
     # The file name of every source shard, by source shard index (format 4; None in formats 2 and 3,
     # whose records carry their source file's name).
     source_files: tuple[str, ...] | None = None
+    # Each shard's origins sidecar, by shard index (format 4 caches of examples built since they exist; None
+    # in caches built before them, and in packed caches and formats 2 and 3, whose records are read instead).
+    origins: tuple[SidecarEntry, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.source_files is not None and len(self.source_files) != self.source_shards:
             raise CacheFormatError(f"A split of {self.source_shards} source shards lists {len(self.source_files)} "
                                    "source files; it must list one per source shard.")
+        if self.origins is not None and len(self.origins) != len(self.shards):
+            raise CacheFormatError(f"A split of {len(self.shards)} shards lists {len(self.origins)} origins "
+                                   "sidecars; it must list one per shard.")
 
     @property
     def num_records(self) -> int:
@@ -164,6 +197,12 @@ class Manifest:
                 f"Cache of task {self.task!r}, format {self.format!r}: every split "
                 f"{'needs' if self.compact_provenance else 'has no place for'} a table of source files "
                 f"(splits with one: {sorted(name for name, listed in tables.items() if listed)}).")
+        with_origins = sorted(name for name, split in self.splits.items() if split.origins is not None)
+        if with_origins and (not self.compact_provenance or self.packing is not None):
+            raise CacheFormatError(
+                f"Cache of task {self.task!r}, format {self.format!r}{', packed' if self.packing else ''}: splits "
+                f"{with_origins} list origins sidecars, which only a format {FORMAT} cache of examples (not packed "
+                "rows) has.")
 
     @property
     def compact_provenance(self) -> bool:
@@ -193,6 +232,7 @@ class Manifest:
                     "counters": dict(sorted(split.counters.items())),
                     "shards": [dataclasses.asdict(s) for s in split.shards],
                     **({} if split.source_files is None else {"source_files": list(split.source_files)}),
+                    **({} if split.origins is None else {"origins": [dataclasses.asdict(o) for o in split.origins]}),
                 }
                 for name, split in sorted(self.splits.items())
             },
@@ -214,6 +254,7 @@ class Manifest:
                     source_shards=int(split["source_shards"]),
                     counters=dict(split["counters"]),
                     source_files=tuple(split["source_files"]) if "source_files" in split else None,
+                    origins=tuple(SidecarEntry(**o) for o in split["origins"]) if "origins" in split else None,
                 )
                 for name, split in data["splits"].items()
             }

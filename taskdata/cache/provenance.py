@@ -10,6 +10,9 @@ per record: the task and the preprocessing seed in the manifest, and the source 
 ~300 on seqio-style features (the task and the source file's name as strings, each number under its own
 long name), a quarter of a span-corruption record.
 
+The cache job also writes each shard's origins once more, beside it (``taskdata.cache.origins``), so the
+ledger takes them from an array (``origins_provenance``) instead of reading records.
+
 Formats 2 and 3 are still read: ``provenance_spec`` names the features to decode for the manifest's format
 and ``read_provenance`` turns either layout into the same columns.
 """
@@ -31,6 +34,7 @@ __all__ = [
     "Provenance",
     "origin_info",
     "origin_values",
+    "origins_provenance",
     "provenance_spec",
     "read_provenance",
 ]
@@ -106,14 +110,26 @@ def read_provenance(manifest: Manifest, split: str, decoded: Mapping[str, Ragged
 def _compact(manifest: Manifest, split: str, origin: RaggedFeature) -> Provenance:
     values = np.asarray(origin.values, dtype=np.int64)
     counts = np.diff(origin.row_splits)
-    files = manifest.split(split).source_files
-    assert files is not None  # a format 4 manifest lists every split's source files
     bad = np.flatnonzero((counts == 0) | (counts % ORIGIN_WIDTH != 0))
     if bad.size:
         raise CacheFormatError(
             f"Cache of task {manifest.task!r}, split {split!r}: record {int(bad[0])} of the batch has "
             f"{int(counts[bad[0]])} provenance/origin values; every example has {ORIGIN_WIDTH}.")
-    table = values.reshape(-1, ORIGIN_WIDTH)
+    return _from_origins(manifest, split, values.reshape(-1, ORIGIN_WIDTH), counts // ORIGIN_WIDTH)
+
+
+def origins_provenance(manifest: Manifest, split: str, rows: np.ndarray) -> Provenance:
+    """The provenance of records of one example each whose ``provenance/origin`` values are ``rows``
+    (``[records, 4]``, as their shards' origins sidecars hold them: ``taskdata.cache.origins``)."""
+    if not manifest.compact_provenance:
+        raise CacheFormatError(f"Cache of task {manifest.task!r} is format {manifest.format}, whose records carry "
+                               f"no {ORIGIN}; read their provenance with read_provenance.")
+    return _from_origins(manifest, split, np.asarray(rows, np.int64), np.ones(len(rows), np.int64))
+
+
+def _from_origins(manifest: Manifest, split: str, table: np.ndarray, examples_per_record: np.ndarray) -> Provenance:
+    files = manifest.split(split).source_files
+    assert files is not None  # a format 4 manifest lists every split's source files
     if table.size and (table.min() < 0 or table[:, 0].max() >= len(files)):
         row = int(np.flatnonzero((table < 0).any(axis=1) | (table[:, 0] >= len(files)))[0])
         raise CacheFormatError(
@@ -126,7 +142,7 @@ def _compact(manifest: Manifest, split: str, origin: RaggedFeature) -> Provenanc
         source_file=np.asarray(files, dtype=object)[source_shard],
         first_document=table[:, 2],
         last_document=table[:, 2] + table[:, 3],
-        examples_per_record=counts // ORIGIN_WIDTH,
+        examples_per_record=examples_per_record,
     )
 
 

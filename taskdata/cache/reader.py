@@ -24,6 +24,7 @@ from taskdata import fs
 from taskdata.cache.format import CacheFormatError, Manifest, ShardEntry, completed_path, load_manifest
 
 if TYPE_CHECKING:  # imported on first use, as before
+    from taskdata.cache.origins import OriginTable
     from taskdata.cache.shard_reader import ShardReader
     from taskdata.cache.tfrecord import RecordIndex
     from taskdata.example import RaggedFeature
@@ -62,6 +63,7 @@ class CacheReader:
         self._verify_crc = verify_crc
         self._shards: dict[tuple[str, int], tuple[ShardReader, RecordIndex]] = {}
         self._sources: dict[tuple[str, int], _Source] = {}
+        self._origins: dict[tuple[str, int], OriginTable] = {}
 
     @property
     def task(self) -> str:
@@ -85,6 +87,33 @@ class CacheReader:
     def shard_offsets(self, split: str, shard: int) -> np.ndarray:
         """Byte offset of every record of the shard, then the file length (checked against the manifest)."""
         return self._reader(split, shard)[1].offsets
+
+    def shard_origins(self, split: str, shard: int) -> OriginTable | None:
+        """Every record's ``provenance/origin`` from the shard's origins sidecar (``taskdata.cache.origins``),
+        checked against its sha256 in the manifest on first use; None where the manifest lists no sidecars
+        (caches built before them, packed rows, formats 2 and 3)."""
+        origins = self.manifest.split(split).origins
+        if origins is None:
+            return None
+        key = (split, int(shard))
+        if key not in self._origins:
+            from taskdata.cache.origins import read_origins
+
+            entry, sidecar = self._entry(split, shard), origins[int(shard)]
+            path = fs.join(self.version_dir, sidecar.file)
+            try:
+                data = fs.read_bytes(path)
+            except FileNotFoundError:
+                raise CacheFormatError(f"Origins sidecar {path} of shard {entry.file} is missing; run 'taskdata "
+                                       "verify' and rebuild the cache.") from None
+            if hashlib.sha256(data).hexdigest() != sidecar.sha256:
+                raise CacheFormatError(f"Origins sidecar {path} does not match its checksum in the manifest; run "
+                                       "'taskdata verify' and rebuild the cache.")
+            try:
+                self._origins[key] = read_origins(data, path, entry.records)
+            except ValueError as e:
+                raise CacheFormatError(str(e)) from None
+        return self._origins[key]
 
     def read(self, split: str, shard: int, first: int, count: int) -> list[bytes]:
         """Records ``[first, first + count)`` of one shard, verified."""
@@ -203,6 +232,7 @@ class CacheReader:
                 source.close()
         self._shards.clear()
         self._sources.clear()
+        self._origins.clear()
 
     def __enter__(self) -> CacheReader:
         return self

@@ -1,8 +1,8 @@
 """``taskdata verify``: check a cache version against its manifest, at one of two levels.
 
 ``full`` (``taskdata verify``, the cache job before it commits, the server's default first-use check)
-re-reads every byte. Per shard: the file exists; its offsets sidecar is intact and matches the
-manifest; every record's framing matches the sidecar, its stored data CRC is the one the sidecar lists
+re-reads every byte. Per shard: the file exists; its offsets sidecar (and its origins sidecar, where the
+manifest lists one: ``taskdata.cache.origins``) is intact and matches the manifest; every record's framing matches the sidecar, its stored data CRC is the one the sidecar lists
 for its index (the record is where the build put it) and both CRCs match its bytes; the record count,
 byte size and sha256 match the manifest. The first problem is reported with the shard, the record
 index and the byte offset. Shards are checked by ``workers`` threads (file reads, sha256 and CRC32C
@@ -10,8 +10,8 @@ release the GIL), results taken in manifest order, so the problem reported is th
 
 ``listing`` (``taskdata verify --level listing``, the server's first-use check at pod scale) reads no
 record. From one listing of the version folder and one of ``index/``: every shard and sidecar the
-manifest names exists and every shard has exactly the manifest's byte size; every sidecar is read
-(gcsfs fetches them concurrently) and matches its sha256 in the manifest. Together with ``COMPLETED``
+manifest names exists and every shard has exactly the manifest's byte size; every sidecar (offsets and
+origins) is read (gcsfs fetches them concurrently) and matches its sha256 in the manifest. Together with ``COMPLETED``
 (the manifest is the one the build committed, after its own full verification) it proves: no file is
 missing, truncated or extended since the build, and every byte offset and record CRC served is the
 build's. It does not prove that a shard's bytes are unchanged (a flipped bit, two equal-length records
@@ -40,6 +40,7 @@ from taskdata.cache.format import (
     CacheFormatError,
     Manifest,
     ShardEntry,
+    SidecarEntry,
     SplitManifest,
     current_version,
     load_manifest,
@@ -104,14 +105,20 @@ def check_split(
     indexes: list[RecordIndex | None] = [None] * len(entries)
     readable = [i for i, problem in enumerate(problems) if problem is None]
     prefix = version_dir.rstrip("/") + "/"  # fs.join per path costs seconds at 65,536 shards
+    origins = split.origins
     for at in range(0, len(readable), _SIDECAR_BATCH):
         batch = readable[at : at + _SIDECAR_BATCH]
         paths = [prefix + entries[i].offsets_file for i in batch]
-        for i, path, data in zip(batch, paths, fs.read_many(paths), strict=True):
+        origin_paths = [] if origins is None else [prefix + origins[i].file for i in batch]
+        sidecars = fs.read_many(paths + origin_paths)  # one batch of requests for both kinds of sidecar
+        origin_data = sidecars[len(paths):] if origins is not None else [None] * len(batch)
+        for i, path, data, origin in zip(batch, paths, sidecars[: len(paths)], origin_data, strict=True):
             problems[i] = _sidecar_problem(entries[i], data)
             if problems[i] is None:
                 assert data is not None  # _sidecar_problem names a sidecar that could not be read
                 offsets[i], indexes[i], problems[i] = _parse_sidecar(entries[i], path, data, level)
+            if problems[i] is None and origins is not None:
+                problems[i] = _origins_problem(entries[i], origins[i], prefix + origins[i].file, origin)
     if level == "full":
         last = len(entries)
         if stop_at_first:  # no shard after the first one found bad needs reading
@@ -175,6 +182,20 @@ def _sidecar_problem(entry: ShardEntry, data: bytes | None) -> str | None:
     if hashlib.sha256(data).hexdigest() != entry.offsets_sha256:
         return (f"shard {entry.file}: offsets sidecar {entry.offsets_file} does not match its checksum in "
                 "the manifest")
+    return None
+
+
+def _origins_problem(entry: ShardEntry, origins: SidecarEntry, path: str, data: bytes | None) -> str | None:
+    from taskdata.cache.origins import read_origins
+
+    if data is None:
+        return f"origins sidecar {origins.file} of shard {entry.file} is missing"
+    if hashlib.sha256(data).hexdigest() != origins.sha256:
+        return f"shard {entry.file}: origins sidecar {origins.file} does not match its checksum in the manifest"
+    try:
+        read_origins(data, path, entry.records)
+    except ValueError as e:
+        return f"shard {entry.file}: {e}"
     return None
 
 

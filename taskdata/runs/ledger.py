@@ -1,22 +1,23 @@
 """The ledger of a run, both ways: which examples a step read, and at which steps one example is read.
 
 By step: the index math gives every example of the step (or of one data shard's slice) as (task,
-epoch, cache shard, record), exactly what ``/shards`` hands out; reading each record's provenance
-(``taskdata.cache.provenance``: one small feature per record in format 4, seqio-style features in
-formats 2 and 3) adds its stable id (task/split/source shard/ordinal), its source file and the range of
-source documents it was made from. That costs one verified read per example, done per task as one
-gathered read and one decode of the provenance feature; the answer is kept as columns (``StepLedgerColumns``)
-and made into entries only when asked.
+epoch, cache shard, record), exactly what ``/shards`` hands out; each record's provenance
+(``taskdata.cache.provenance``) adds its stable id (task/split/source shard/ordinal), its source file and
+the range of source documents it was made from. Caches built since origins sidecars exist
+(``taskdata.cache.origins``: every record's ``provenance/origin`` beside its shard, checked against the
+manifest on first use) give it as rows of an array, taken by index: no record is read. Older caches
+(format 4 before the sidecars, formats 2 and 3) give it by reading the records: one verified read per
+example, done per task as one gathered read and one decode of the provenance feature. Either way the
+answer is kept as columns (``StepLedgerColumns``) and made into entries only when asked.
 
 By example: a stable id names no place in the cache, but its shuffle key (a keyed hash of the cache's
 seed and the id: ``taskdata.cache.shuffle``) names the shard (a key range), and inside the shard the
-records are sorted by that key. So a search finds the record, each probe reading one record's
-provenance and hashing it again; no sidecar, nothing to build or keep in sync with the cache. (A keys
-sidecar would save the reads, but every cache version would need it written and verified.) The keys are
-a uniform hash, so the search interpolates: the key says how far into the shard's key range the record
-lies, which is about how far into the shard it is. That takes ~4 one-record reads in a 100,000-record
-shard (a binary search takes 17, what matters on a remote file system); every third probe bisects, so
-no spread of keys costs more than about three times the binary search. From the record,
+records are sorted by that key. So a search finds the record, each probe taking one record's provenance
+(its sidecar row, or the record itself) and hashing it again. The keys are a uniform hash, so the search
+interpolates: the key says how far into the shard's key range the record lies, which is about how far
+into the shard it is. That takes ~4 probes in a 100,000-record shard (a binary search takes 17, what
+matters when each probe is a read on a remote file system); every third probe bisects, so no spread of
+keys costs more than about three times the binary search. From the record,
 ``taskdata.index.occurrences`` inverts the index math epoch by epoch: O(reads listed).
 """
 
@@ -33,7 +34,14 @@ import numpy as np
 
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError, find_version, list_versions, task_dir
-from taskdata.cache.provenance import Provenance, provenance_spec, read_provenance
+from taskdata.cache.origins import OriginTable
+from taskdata.cache.provenance import (
+    ORIGIN_WIDTH,
+    Provenance,
+    origins_provenance,
+    provenance_spec,
+    read_provenance,
+)
 from taskdata.cache.reader import CacheReader
 from taskdata.cache.shuffle import shard_of_key, shuffle_key
 from taskdata.example import RaggedFeature, decode_example
@@ -87,6 +95,7 @@ class TaskCacheView:
         self._byte_ranges = byte_ranges
         self._lock = threading.Lock()
         self._stats: dict[str, Any] | None = None
+        self._has_origins = reader.manifest.split(split).origins is not None
         try:
             self._spec = provenance_spec(reader.manifest)
         except CacheFormatError as error:
@@ -106,12 +115,36 @@ class TaskCacheView:
         return cls(CacheReader(version_dir, expected_manifest_sha256=fingerprint), split)
 
     def provenance(self, shards: np.ndarray, records: np.ndarray) -> Provenance:
-        """The provenance of the records at (``shards[i]``, ``records[i]``), in that order: one verified read
-        and one decode of the provenance features for all of them."""
+        """The provenance of the records at (``shards[i]``, ``records[i]``), in that order: their rows of the
+        shards' origins sidecars where the cache has them; else one verified read and one decode of the
+        provenance features for all of them."""
         self._refuse_packed()
+        shards, records = np.asarray(shards, np.int64), np.asarray(records, np.int64)
         with self._lock:
-            decoded = self.reader.decode_records(self.split, shards, records, self._spec)
+            if self._has_origins:
+                rows = np.empty((len(records), ORIGIN_WIDTH), np.int64)
+                for shard in np.unique(shards).tolist():
+                    mine = np.flatnonzero(shards == shard)
+                    rows[mine] = self._origins(shard).rows(self._in_range(shard, records[mine]))
+            else:
+                decoded = self.reader.decode_records(self.split, shards, records, self._spec)
+        if self._has_origins:
+            return origins_provenance(self.reader.manifest, self.split, rows)
         return read_provenance(self.reader.manifest, self.split, decoded)
+
+    def _origins(self, shard: int) -> OriginTable:
+        table = self.reader.shard_origins(self.split, shard)
+        assert table is not None  # the manifest lists the split's origins sidecars
+        return table
+
+    def _in_range(self, shard: int, records: np.ndarray) -> np.ndarray:
+        # numpy would read a negative record from the end: a record the read plan names must be in the shard.
+        count = self.record_counts[shard]
+        if len(records) and (records.min() < 0 or records.max() >= count):
+            bad = int(records[(records < 0) | (records >= count)][0])
+            raise IndexError(f"Shard {shard} of task {self.task!r} has {count} records; record {bad} is out of range. "
+                             "The read plan does not match this cache version.")
+        return records
 
     def ids(self, shards: np.ndarray, records: np.ndarray) -> list[str]:
         """The stable ids of the records at (``shards[i]``, ``records[i]``)."""
@@ -187,6 +220,9 @@ class TaskCacheView:
         return shard, low
 
     def _key(self, shard: int, record: int) -> int:
+        if self._has_origins:
+            source_shard, ordinal = self._origins(shard).rows(np.array([record]))[0, :2].tolist()
+            return shuffle_key(self.seed, self.task, self.split, source_shard, ordinal)
         # One record: the generic parser, reading the provenance features only, is ~30x cheaper than a batch decode.
         record_bytes = self.reader.read(self.split, shard, record, 1)[0]
         example = decode_example(record_bytes, tuple(self._spec))
@@ -275,8 +311,20 @@ class StepLedgerColumns:
                         self.indices.tolist(), self.shards.tolist(), self.records.tolist(), ids,
                         self.source_files.tolist(), documents, strict=True))
 
-
-_ENTRY_KEYS = ("position", "data_shard", "task", "epoch", "index", "shard", "record", "id", "source_file", "documents")
+    def dicts(self) -> list[dict[str, Any]]:
+        """Each example as its entry's JSON object (``LedgerEntry.to_dict``), made straight from the columns: once
+        the provenance comes from sidecars, making 2,048 of them is most of what a JSON answer costs."""
+        names = np.asarray(self.task_names, dtype=object)[self.tasks].tolist()
+        split = self.split
+        columns = (self.positions, self.data_shards, self.epochs, self.indices, self.shards, self.records,
+                   self.source_shards, self.ordinals, self.source_files, self.first_documents, self.last_documents)
+        return [
+            {"position": position, "data_shard": data_shard, "task": task, "epoch": epoch, "index": index,
+             "shard": shard, "record": record, "id": format_example_id(task, split, source_shard, ordinal),
+             "source_file": source_file, "documents": None if first < 0 else [first, last]}
+            for task, position, data_shard, epoch, index, shard, record, source_shard, ordinal, source_file, first, last
+            in zip(names, *(column.tolist() for column in columns), strict=True)
+        ]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -304,10 +352,6 @@ class StepLedger:
         return tuple(LedgerEntry(*row) for row in self.columns.rows())
 
     def to_dict(self) -> dict[str, Any]:
-        examples = [dict(zip(_ENTRY_KEYS, row, strict=True)) for row in self.columns.rows()]
-        for example in examples:
-            if example["documents"] is not None:
-                example["documents"] = list(example["documents"])
         return {
             "run": self.run,
             "fingerprint": self.fingerprint,
@@ -318,7 +362,7 @@ class StepLedger:
             "data_shard": self.data_shard,
             "num_data_shards": self.num_data_shards,
             "positions": {"start": self.positions.start, "stop": self.positions.stop},
-            "examples": examples,
+            "examples": self.columns.dicts(),
         }
 
 
