@@ -2,7 +2,8 @@
 a trivial FastAPI endpoint in the same run, and the server CPU per request that sizes a pod's replicas.
 
 Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--write]
-     PYTHONPATH=. python bench/bench_wrk.py --profile   (where the server's time goes: py-spy, r64 together)
+     PYTHONPATH=. python bench/bench_wrk.py --profile   (where the server's time goes: py-spy, r64 and r65536,
+                                                          together and distinct)
 
 Servers: ``taskdata serve`` (uvicorn, httptools with taskdata's protocol, one worker, no access log; here
 with ``--first-use-check listing``) over bench_server.py's synthetic caches, and a one-route FastAPI app
@@ -108,35 +109,44 @@ def wrk(script: str, port: int, pid: int, connections: int, seconds: int, **env:
 # Where a /shards request's time goes: a frame of py-spy's stacks -> its bucket (first match wins).
 BUCKETS = [
     ("writing the answer to the socket (uvicorn send)", "RequestResponseCycle.send (uvicorn"),
-    ("index math: a slice or a whole step", "_compute (taskdata/index/host_reads.py"),
-    ("the host's answer JSON (read columns, base64, files)", "to_json (taskdata/index/reads_json.py"),
-    ("the answer around them (run, step cache, head)", "answer (server/routers/shards.py"),
+    ("index math of a whole step (8 slices)", "step_slices (taskdata/index/host_reads.py"),
+    ("index math of one slice alone", "step_reads (taskdata/index/host_reads.py"),
+    ("the step's JSON (base64 columns, files)", "to_json (taskdata/index/reads_json.py"),
+    ("a slice cut from its whole step, step LRU", "AnswerCache.step_reads (server/assignments.py"),
+    ("the answer around them (run, answer LRU, head)", "answer (server/routers/shards.py"),
     ("FastAPI and its middleware (requests not answered at the door)", "FastAPI.__call__ (fastapi"),
     ("the door (query, token, metrics)", "AssignmentService.__call__ (server/shards_fast.py"),
     ("HTTP parsing (httptools) and the event loop", ""),
 ]
+PROFILED = [("r64", "together"), ("r64", "distinct"), ("r65536", "together"), ("r65536", "distinct")]
 
 
 def profile(port: int, pid: int, script: str, seconds: int) -> list[str]:
-    """py-spy samples the server while wrk sends r64 requests, hosts of a step together."""
-    raw = Path(script).with_name("pyspy.txt")
-    spy = subprocess.Popen(["py-spy", "record", "-d", str(seconds + 1), "-r", "200", "-p", str(pid), "-f", "raw",
-                            "-o", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1)
-    result = wrk(script, port, pid, 16, seconds, MODE="together", RUN="r64", HOSTS=8, STEPS=1, BASE=77_000_000)
-    spy.wait(timeout=120)
-    counts = dict.fromkeys((name for name, _ in BUCKETS), 0)
-    for line in raw.read_text().splitlines():
-        stack, _, samples = line.rpartition(" ")
-        frames = stack.split(";")
-        # The first bucket with a frame on the stack wins: they are listed innermost first.
-        name = next((name for name, marker in BUCKETS for frame in reversed(frames) if marker and marker in frame),
-                    BUCKETS[-1][0])
-        counts[name] += int(samples)
-    total = sum(counts.values())
-    return [f"where the server's time goes (py-spy, 200 samples/s, r64 together, {result['rate']:,.0f} req/s, "
-            f"{result['server_cpu_us']:,.0f} us/request): "
-            + "; ".join(f"{name} {count / total:.0%}" for name, count in counts.items())]
+    """py-spy samples the server while wrk sends requests of each ``PROFILED`` (run, mode), steps=1."""
+    lines = []
+    for i, (run, mode) in enumerate(PROFILED):
+        raw = Path(script).with_name(f"pyspy-{run}-{mode}.txt")
+        spy = subprocess.Popen(["py-spy", "record", "-d", str(seconds + 1), "-r", "500", "-p", str(pid), "-f", "raw",
+                                "-o", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1)
+        load = os.getloadavg()[0]
+        result = wrk(script, port, pid, 16, seconds, MODE=mode, RUN=run, HOSTS=8, STEPS=1, BASE=77_000_000 + i * 10_000_000)
+        spy.wait(timeout=120)
+        counts = dict.fromkeys((name for name, _ in BUCKETS), 0)
+        for line in raw.read_text().splitlines():
+            stack, _, samples = line.rpartition(" ")
+            frames = stack.split(";")
+            # The first bucket with a frame on the stack wins: they are listed innermost first.
+            name = next((name for name, marker in BUCKETS for frame in reversed(frames) if marker and marker in frame),
+                        BUCKETS[-1][0])
+            counts[name] += int(samples)
+        total = sum(counts.values())
+        us = result["server_cpu_us"]
+        lines.append(f"{run} {mode} ({result['rate']:,.0f} req/s, {us:,.0f} us/request, "
+                     f"{result['bytes'] / result['requests']:,.0f} bytes/answer, load {load:.1f}): "
+                     + "; ".join(f"{name} {count / total:.0%} ({count / total * us:,.0f} us)"
+                                 for name, count in counts.items() if count))
+    return lines
 
 
 async def _paced(port: int, schedule: list[tuple[float, str]], connections: int) -> list[float]:
