@@ -2,8 +2,8 @@
 a trivial FastAPI endpoint in the same run, and the server CPU per request that sizes a pod's replicas.
 
 Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--write]
-     PYTHONPATH=. python bench/bench_wrk.py --profile   (where the server's time goes: py-spy, r64 and r65536,
-                                                          together and distinct)
+     PYTHONPATH=. python bench/bench_wrk.py --profile [--write]   (where the server's time goes: py-spy, r64 and
+                                                                  r65536, together and distinct)
 
 Servers: ``taskdata serve`` (uvicorn, httptools with taskdata's protocol, one worker, no access log; here
 with ``--first-use-check listing``) over bench_server.py's synthetic caches, and a one-route FastAPI app
@@ -27,29 +27,32 @@ Runs: bench_server.py's r64 and r65536 (3-task mixture, global batch 2048, 8 dat
 the 65,536-shard caches with 512 data shards (4 examples per data shard per step), what a 4,096-host
 pod with a model axis of 8 asks.
 
-Where the server's time goes (``--profile``, py-spy at 500 samples/s under wrk, 16 connections, steps=1,
-8 s each, load 2.7-3.4 on 2 shared cores; us/request = share of samples x server CPU per request):
+Where the server's time goes (``--profile --write``, py-spy at 500 samples/s under wrk, 16 connections,
+steps=1, 8 s each; us/request = share of samples x server CPU per request), at load 1.5-1.8:
 
-- r64 together, 331 us: index math of the whole step 126 (one step of 2,048 examples, ~1.0 ms, shared
-  by its 8 hosts), the slice's JSON 57, httptools and the event loop 48, socket write 43, the answer
-  around the steps 26, the door 17, cutting the slice from its step and the step LRU 13.
-- r64 distinct, 568 us: index math of one slice alone 349, JSON 58, event loop 50, socket 47, answer 31,
-  door 25.
-- r65536 together, 322 us: whole step 113, JSON 69 (its files' JSON is bigger), event loop 43, socket 43,
-  answer 26, door 18, slice cut 11.
-- r65536 distinct, 549 us: one slice alone 271, socket 114 (one run), JSON 61, event loop 45, answer 28,
-  door 23.
+- r64 together, 214 us: writing the answer to the socket 86 (31 KB through loopback), index math of the
+  whole step 48 (~385 us per step of 2,048 examples, shared by its 8 hosts), httptools and the event
+  loop 28, the slice's JSON 26, the answer around the steps 11, the door 10, the slice cut and step LRU 6.
+- r64 distinct, 402 us: index math of one slice alone 179, socket 120, event loop 32, JSON 30, answer
+  17, door 17.
+- r65536 together, 249 us: socket 93 (50 KB), whole step 57, JSON 34, event loop 32, answer 15, door 12.
+- r65536 distinct, 420 us: one slice alone 209, socket 88, JSON 46, event loop 32, answer 21, door 19.
 
-In one process (no HTTP, same load): a whole r64 step 349 us (``example_arrays`` 179 us of it, then
-``grouped_runs`` and ``_from_runs``: byte ranges per task, file lists), one slice alone 152 us, cutting
-a slice from its step 3 us, one slice's base64 JSON 26 us; no single function holds more than ~13% of
-the index math (``_from_runs``, the permutation's vector rounds, byte ranges, ``locate_range``): it is
-~40 numpy calls of fixed cost each on arrays of 256-2,048 entries. What this implies for the targets
-(trivial endpoint ~104 us/request): with every answer a cache hit the door, answer, socket and event
-loop still take ~134 us (~78% of the trivial rate), so hosts together reach 60% only if a step's index
-math and its 8 slices' JSON fall from ~1.5 ms to ~0.3 ms, and distinct requests reach 30% only if one
-slice's math and JSON fall from ~400 to ~210 us. Encoding every slice of a step when its first host
-asks moves the 8 ``to_json`` calls, it does not remove them (it saves only the ~13 us slice cut).
+At load 3 (other work on the 2 cores) the same run put the index math first (126 us of 331 together,
+349 of 568 distinct) and the socket at 43-47 us: cache-bound numpy work slows most when shared.
+In one process (no HTTP): a whole r64 step 330-350 us (``example_arrays`` ~180 us of it, then
+``grouped_runs`` and ``_from_runs``), one slice alone ~150 us, cutting a slice from its step 3 us, one
+slice's base64 JSON 26 us; no function holds more than ~13% of the index math: it is ~40 numpy calls of
+fixed cost on arrays of 256-2,048 entries. The garbage collector is not where it goes: with the startup
+heap frozen (``server.state``), a gc callback in the server counted ~220 young, ~20 middle and 1-2 full
+collections per 20,000 requests, ~6 us/request in all.
+
+What this implies (trivial endpoint ~104 us/request): an answer that is a pure cache hit still costs the
+socket write, event loop, door and answer, ~135-150 us for 31 KB, so 60% with hosts together needs
+smaller bodies as well as less index math. An r64 step's 31 KB is half file objects (14 KB: 115
+``{"shard","uri"}`` objects with whole paths), 14 KB base64 int64 read columns and 3 KB of order (task
+indices as int64). Encoding every slice of a step when its first host asks moves the 8 ``to_json``
+calls, it does not remove them (it saves only the ~6 us slice cut).
 """
 
 from __future__ import annotations
@@ -348,7 +351,10 @@ def main() -> None:
                     raise SystemExit(f"run {run} not ready after 600 s")
                 time.sleep(0.5)
         if args.profile:
-            print("\n".join(profile(port, server.pid, str(script), args.seconds)))
+            lines = profile(port, server.pid, str(script), args.seconds)
+            print("\n".join(lines))
+            if args.write:
+                write_section("Server with wrk: where the time goes", lines)
             return
         if args.latency_only:
             latency_only(port, server.pid, str(script), args)
