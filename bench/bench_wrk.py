@@ -2,7 +2,8 @@
 a trivial FastAPI endpoint in the same run, and the server CPU per request that sizes a pod's replicas.
 
 Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--write]
-     PYTHONPATH=. python bench/bench_wrk.py --profile   (where the server's time goes: py-spy, r64 together)
+     PYTHONPATH=. python bench/bench_wrk.py --profile [--write]   (where the server's time goes: py-spy, r64 and
+                                                                  r65536, together and distinct)
 
 Servers: ``taskdata serve`` (uvicorn, httptools with taskdata's protocol, one worker, no access log; here
 with ``--first-use-check listing``) over bench_server.py's synthetic caches, and a one-route FastAPI app
@@ -25,6 +26,33 @@ question): every host of a 256-, 1,024- and 4,096-host pod asking for one fresh 
 Runs: bench_server.py's r64 and r65536 (3-task mixture, global batch 2048, 8 data shards), and pod512:
 the 65,536-shard caches with 512 data shards (4 examples per data shard per step), what a 4,096-host
 pod with a model axis of 8 asks.
+
+Where the server's time goes (``--profile --write``, py-spy at 500 samples/s under wrk, 16 connections,
+steps=1, 8 s each; us/request = share of samples x server CPU per request), at load 1.5-1.8:
+
+- r64 together, 214 us: writing the answer to the socket 86 (31 KB through loopback), index math of the
+  whole step 48 (~385 us per step of 2,048 examples, shared by its 8 hosts), httptools and the event
+  loop 28, the slice's JSON 26, the answer around the steps 11, the door 10, the slice cut and step LRU 6.
+- r64 distinct, 402 us: index math of one slice alone 179, socket 120, event loop 32, JSON 30, answer
+  17, door 17.
+- r65536 together, 249 us: socket 93 (50 KB), whole step 57, JSON 34, event loop 32, answer 15, door 12.
+- r65536 distinct, 420 us: one slice alone 209, socket 88, JSON 46, event loop 32, answer 21, door 19.
+
+At load 3 (other work on the 2 cores) the same run put the index math first (126 us of 331 together,
+349 of 568 distinct) and the socket at 43-47 us: cache-bound numpy work slows most when shared.
+In one process (no HTTP): a whole r64 step 330-350 us (``example_arrays`` ~180 us of it, then
+``grouped_runs`` and ``_from_runs``), one slice alone ~150 us, cutting a slice from its step 3 us, one
+slice's base64 JSON 26 us; no function holds more than ~13% of the index math: it is ~40 numpy calls of
+fixed cost on arrays of 256-2,048 entries. The garbage collector is not where it goes: with the startup
+heap frozen (``server.state``), a gc callback in the server counted ~220 young, ~20 middle and 1-2 full
+collections per 20,000 requests, ~6 us/request in all.
+
+What this implies (trivial endpoint ~104 us/request): an answer that is a pure cache hit still costs the
+socket write, event loop, door and answer, ~135-150 us for 31 KB, so 60% with hosts together needs
+smaller bodies as well as less index math. An r64 step's 31 KB is half file objects (14 KB: 115
+``{"shard","uri"}`` objects with whole paths), 14 KB base64 int64 read columns and 3 KB of order (task
+indices as int64). Encoding every slice of a step when its first host asks moves the 8 ``to_json``
+calls, it does not remove them (it saves only the ~6 us slice cut).
 """
 
 from __future__ import annotations
@@ -108,35 +136,44 @@ def wrk(script: str, port: int, pid: int, connections: int, seconds: int, **env:
 # Where a /shards request's time goes: a frame of py-spy's stacks -> its bucket (first match wins).
 BUCKETS = [
     ("writing the answer to the socket (uvicorn send)", "RequestResponseCycle.send (uvicorn"),
-    ("index math: a slice or a whole step", "_compute (taskdata/index/host_reads.py"),
-    ("the host's answer JSON (read columns, base64, files)", "to_json (taskdata/index/reads_json.py"),
-    ("the answer around them (run, step cache, head)", "answer (server/routers/shards.py"),
+    ("index math of a whole step (8 slices)", "step_slices (taskdata/index/host_reads.py"),
+    ("index math of one slice alone", "step_reads (taskdata/index/host_reads.py"),
+    ("the step's JSON (base64 columns, files)", "to_json (taskdata/index/reads_json.py"),
+    ("a slice cut from its whole step, step LRU", "AnswerCache.step_reads (server/assignments.py"),
+    ("the answer around them (run, answer LRU, head)", "answer (server/routers/shards.py"),
     ("FastAPI and its middleware (requests not answered at the door)", "FastAPI.__call__ (fastapi"),
     ("the door (query, token, metrics)", "AssignmentService.__call__ (server/shards_fast.py"),
     ("HTTP parsing (httptools) and the event loop", ""),
 ]
+PROFILED = [("r64", "together"), ("r64", "distinct"), ("r65536", "together"), ("r65536", "distinct")]
 
 
 def profile(port: int, pid: int, script: str, seconds: int) -> list[str]:
-    """py-spy samples the server while wrk sends r64 requests, hosts of a step together."""
-    raw = Path(script).with_name("pyspy.txt")
-    spy = subprocess.Popen(["py-spy", "record", "-d", str(seconds + 1), "-r", "200", "-p", str(pid), "-f", "raw",
-                            "-o", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1)
-    result = wrk(script, port, pid, 16, seconds, MODE="together", RUN="r64", HOSTS=8, STEPS=1, BASE=77_000_000)
-    spy.wait(timeout=120)
-    counts = dict.fromkeys((name for name, _ in BUCKETS), 0)
-    for line in raw.read_text().splitlines():
-        stack, _, samples = line.rpartition(" ")
-        frames = stack.split(";")
-        # The first bucket with a frame on the stack wins: they are listed innermost first.
-        name = next((name for name, marker in BUCKETS for frame in reversed(frames) if marker and marker in frame),
-                    BUCKETS[-1][0])
-        counts[name] += int(samples)
-    total = sum(counts.values())
-    return [f"where the server's time goes (py-spy, 200 samples/s, r64 together, {result['rate']:,.0f} req/s, "
-            f"{result['server_cpu_us']:,.0f} us/request): "
-            + "; ".join(f"{name} {count / total:.0%}" for name, count in counts.items())]
+    """py-spy samples the server while wrk sends requests of each ``PROFILED`` (run, mode), steps=1."""
+    lines = []
+    for i, (run, mode) in enumerate(PROFILED):
+        raw = Path(script).with_name(f"pyspy-{run}-{mode}.txt")
+        spy = subprocess.Popen(["py-spy", "record", "-d", str(seconds + 1), "-r", "500", "-p", str(pid), "-f", "raw",
+                                "-o", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1)
+        load = os.getloadavg()[0]
+        result = wrk(script, port, pid, 16, seconds, MODE=mode, RUN=run, HOSTS=8, STEPS=1, BASE=77_000_000 + i * 10_000_000)
+        spy.wait(timeout=120)
+        counts = dict.fromkeys((name for name, _ in BUCKETS), 0)
+        for line in raw.read_text().splitlines():
+            stack, _, samples = line.rpartition(" ")
+            frames = stack.split(";")
+            # The first bucket with a frame on the stack wins: they are listed innermost first.
+            name = next((name for name, marker in BUCKETS for frame in reversed(frames) if marker and marker in frame),
+                        BUCKETS[-1][0])
+            counts[name] += int(samples)
+        total = sum(counts.values())
+        us = result["server_cpu_us"]
+        lines.append(f"{run} {mode} ({result['rate']:,.0f} req/s, {us:,.0f} us/request, "
+                     f"{result['bytes'] / result['requests']:,.0f} bytes/answer, load {load:.1f}): "
+                     + "; ".join(f"{name} {count / total:.0%} ({count / total * us:,.0f} us)"
+                                 for name, count in counts.items() if count))
+    return lines
 
 
 async def _paced(port: int, schedule: list[tuple[float, str]], connections: int) -> list[float]:
@@ -314,7 +351,10 @@ def main() -> None:
                     raise SystemExit(f"run {run} not ready after 600 s")
                 time.sleep(0.5)
         if args.profile:
-            print("\n".join(profile(port, server.pid, str(script), args.seconds)))
+            lines = profile(port, server.pid, str(script), args.seconds)
+            print("\n".join(lines))
+            if args.write:
+                write_section("Server with wrk: where the time goes", lines)
             return
         if args.latency_only:
             latency_only(port, server.pid, str(script), args)
