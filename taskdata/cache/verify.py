@@ -113,7 +113,7 @@ def check_split(
     # Only full reads origins sidecars (the ledger hashes each on first use); listing sizes them from one
     # listing of index/, which keeps a pod-scale first use from reading a second small file per shard.
     read_origins_too = origins is not None and level == "full"
-    index_sizes = fs.sizes_in(prefix + "index") if origins is not None and level == "listing" else {}
+    index_sizes = fs.sizes_in(prefix + "index", ".origins") if origins is not None and level == "listing" else {}
     for at in range(0, len(readable), _SIDECAR_BATCH):
         batch = readable[at : at + _SIDECAR_BATCH]
         paths = [prefix + entries[i].offsets_file for i in batch]
