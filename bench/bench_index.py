@@ -382,7 +382,8 @@ def write_keyed_cache(root: pathlib.Path, task: str, counts: tuple[int, ...], se
         if compact and origins:
             data = origins_sidecar(np.array(rows, np.int64).reshape(-1, 4))
             (version_dir / origins_name("train", shard, num_shards)).write_bytes(data)
-            sidecars.append(SidecarEntry(origins_name("train", shard, num_shards), hashlib.sha256(data).hexdigest()))
+            sidecars.append(SidecarEntry(origins_name("train", shard, num_shards), hashlib.sha256(data).hexdigest(),
+                                         len(data)))
     features = {name: {"dtype": "int32", "shape": [None]} for name in ("inputs", "targets")}
     if compact:
         features[ORIGIN] = origin_info(packed=False)

@@ -54,24 +54,32 @@ LARGE_BODY = 48_862  # bytes of a /shards answer for one host at a step past epo
 
 
 def write_cache(root: Path, task: str, num_shards: int) -> Path:
-    """One complete cache version of ``task`` (train split) with ``RECORDS[task]`` records; reused if present."""
+    """One complete cache version of ``task`` (train split) with ``RECORDS[task]`` records; reused if present.
+
+    Each shard has its origins sidecar, as the cache job writes one (first use verifies them too)."""
+    import numpy as np
+
     from taskdata.cache.format import (
         Manifest,
         ShardEntry,
+        SidecarEntry,
         SplitManifest,
         completed_bytes,
         manifest_bytes,
         offsets_name,
+        origins_name,
         shard_name,
     )
+    from taskdata.cache.origins import origins_sidecar
     from taskdata.cache.tfrecord import frame_record, write_offsets
 
     version_dir = root / task / f"v20260101T000000Z-bench{num_shards}"
-    if (version_dir / "COMPLETED").exists():
+    # A cache from before the benches wrote origins sidecars is rebuilt (its files are overwritten).
+    if (version_dir / "COMPLETED").exists() and (version_dir / origins_name("train", 0, num_shards)).exists():
         return version_dir
     (version_dir / "index").mkdir(parents=True, exist_ok=True)
     total = RECORDS[task]
-    entries = []
+    entries, origins = [], []
     for shard in range(num_shards):
         count = total // num_shards + (1 if shard < total % num_shards else 0)
         frames = [
@@ -97,6 +105,13 @@ def write_cache(root: Path, task: str, num_shards: int) -> Path:
                 max_record_bytes=RECORD_BYTES + 16,
             )
         )
+        # The origins a job would record: one source shard, records in order, one document each.
+        rows = np.zeros((count, 4), np.int64)
+        rows[:, 1] = rows[:, 2] = np.arange(count)
+        origins_data = origins_sidecar(rows)
+        origins_file = origins_name("train", shard, num_shards)
+        (version_dir / origins_file).write_bytes(origins_data)
+        origins.append(SidecarEntry(origins_file, hashlib.sha256(origins_data).hexdigest(), len(origins_data)))
     manifest = Manifest(
         task=task,
         task_fingerprint=f"bench-{task}",
@@ -105,7 +120,7 @@ def write_cache(root: Path, task: str, num_shards: int) -> Path:
         taskdata_version="bench",
         sequence_length={},
         features={},
-        splits={"train": SplitManifest(tuple(entries), 1, {}, source_files=("bench",))},
+        splits={"train": SplitManifest(tuple(entries), 1, {}, source_files=("bench",), origins=tuple(origins))},
     )
     data = manifest_bytes(manifest)
     (version_dir / "manifest.json").write_bytes(data)

@@ -91,25 +91,23 @@ def read_many(paths: list[str]) -> list[bytes | None]:
     return out
 
 
-def sizes_in(folder: str) -> dict[str, int]:
-    """{base name: byte size} of the files directly in ``folder`` (empty if it does not exist), from
-    one listing: on an object store, a paginated list of the prefix instead of one request per file."""
+def sizes_in(folder: str, suffix: str = "") -> dict[str, int]:
+    """{base name: byte size} of the files directly in ``folder`` whose names end with ``suffix`` (empty if
+    it does not exist), from one listing: on an object store, a paginated list of the prefix instead of one
+    request per file. Locally only those files are sized (a stat each; a sidecar folder holds 131,072)."""
     fs, inner = filesystem(folder)
     if not is_remote(folder):
         try:
             with os.scandir(inner) as entries:
-                return {e.name: e.stat().st_size for e in entries if e.is_file()}
+                return {e.name: e.stat().st_size for e in entries if e.name.endswith(suffix) and e.is_file()}
         except FileNotFoundError:
             return {}
     try:
         listing = fs.ls(inner, detail=True, refresh=True)
     except FileNotFoundError:
         return {}
-    return {
-        entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry["size"])
-        for entry in listing
-        if entry.get("type") == "file"
-    }
+    names = ((entry["name"].rstrip("/").rsplit("/", 1)[-1], entry) for entry in listing)
+    return {name: int(entry["size"]) for name, entry in names if name.endswith(suffix) and entry.get("type") == "file"}
 
 
 def exists(path: str) -> bool:

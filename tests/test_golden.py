@@ -56,13 +56,15 @@ SHARD_SHA256 = {
 # manifests, so new cache and plan fingerprints; with every 64-hex-digit fingerprint masked, each body is
 # byte for byte what it was. No format bump: the shard bytes are pinned unchanged above, and a reader that
 # predates the sidecars ignores the manifest's new key (taskdata.cache.format).
+# Changed again when each origins sidecar's entry gained its byte size ("bytes", so that the listing check
+# sizes sidecars from the listing of index/ without reading them): new manifests, new fingerprints only.
 SHARDS_BODY_SHA256 = {
-    "0/ints": "f69692e65b04af76be3cbf79fd156134b936666e4c22c1d8d2d090932238fbb5",
-    "0/base64": "7668ccbdd53418c05b7d27d86159fe5d1f8fc9ece9b86e680a965a3b5395d1b4",
-    "100/ints": "78a6351e04c28708fc9640f694513ff6098d3816d03c18b06cd583e34e87260a",
-    "100/base64": "e37c8ba04b5162f90e1c38572955203b37b26a6ba96deeb7eb924c50a0c7440b",
-    "1000000000000000/ints": "10b06074b9fca4fa0fe34963085aeecbeb5e4eae76153409d7424e88daa27dc8",
-    "1000000000000000/base64": "b44ac8ce169b47185b13539b8ebae2d10c469ce15aa36df09a40996c0b00c93e",
+    "0/ints": "bec941352528079f2db9c5d270c91a6b03b70f0e5a526dc00eb2802456d5b667",
+    "0/base64": "b1c3e6abb8ed15fc64de9738211f9a7898e3e412edb2bab35268839089f89d8e",
+    "100/ints": "9394bbb3769284c940fd2cde826e6cedf8e66a1ba9910fb13a5c09851b31ecb4",
+    "100/base64": "71eb5ee4d197045a0e4042c7e83e9f54f8c08906ab529d7057b385ddf03b39af",
+    "1000000000000000/ints": "664923d3122d97ad228c0e0068ba492e7227b856aaf86b256b1c07c38eaf2523",
+    "1000000000000000/base64": "43b8b764779f6b45dc23440504c8c3eed8922f629d8b65e843661fd9cf87bd58",
 }
 
 

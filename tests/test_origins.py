@@ -183,13 +183,22 @@ def test_manifest_entries_name_a_file_under_index_and_only_format_4_examples_lis
     for file, sha in [("index/../x.origins", good), ("x.origins", good), ("index/a/b.origins", good),
                       ("index/a.origins", "abc")]:
         with pytest.raises(CacheFormatError, match="names a file directly under index/"):
-            SidecarEntry(file, sha)
+            SidecarEntry(file, sha, 24)
+    for size in (-1, 2.5, True, "24"):
+        with pytest.raises(CacheFormatError, match=f"must give its size as a non-negative integer.*{size!r}"):
+            SidecarEntry("index/a.origins", good, size)  # type: ignore[arg-type]
     with tarfile.open(OLD_CACHES) as archive:
         data = json.load(archive.extractfile(next(m for m in archive.getmembers() if m.name.endswith("manifest.json"))))
     assert "origins" not in data["splits"]["train"]
     shards = len(data["splits"]["train"]["shards"])
-    data["splits"]["train"]["origins"] = [{"file": f"index/s{i}.origins", "sha256": good} for i in range(shards)]
+    data["splits"]["train"]["origins"] = [{"file": f"index/s{i}.origins", "sha256": good, "bytes": 24}
+                                       for i in range(shards)]
     assert len(Manifest.from_json(data).split("train").origins or ()) == shards
+    sizeless = json.loads(json.dumps(data))
+    del sizeless["splits"]["train"]["origins"][0]["bytes"]  # as ledgerside's manifests were (never released)
+    with pytest.raises(CacheFormatError, match=r"exactly the keys file, sha256 and bytes but got \['file', 'sha256'\]"
+                       r".*must be rebuilt"):
+        Manifest.from_json(sizeless)
     seqio_style = {name: value for name, value in data["splits"]["train"].items() if name != "source_files"}
     for change in ({"format": FORMAT_SEQIO_PROVENANCE, "splits": {"train": seqio_style}},
                    {"packing": {"lengths": {"targets": 8}, "open_rows": 1}}):
@@ -325,13 +334,18 @@ def _edit_row(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+_MISMATCH = f"shard {SHARD}: origins sidecar {SIDECAR} does not match its checksum in the manifest"
+_MISSING = f"origins sidecar {SIDECAR} of shard {SHARD} is missing"
+
+
+_SIZED = "size"  # listing: "shard S: origins sidecar F has N bytes but the manifest says M", N and M from the files
+# What each level says of each damage: full hashes every sidecar; listing reads none, so it sees only what the
+# listing of index/ shows (an edit at the same size is the ledger's to refuse: it hashes a sidecar on first use).
 DAMAGE = {
-    "deleted": (lambda p: p.unlink(), f"origins sidecar {SIDECAR} of shard {SHARD} is missing"),
-    "truncated": (lambda p: p.write_bytes(p.read_bytes()[:-8]),
-                  f"shard {SHARD}: origins sidecar {SIDECAR} does not match its checksum in the manifest"),
-    "edited": (_edit_row, f"shard {SHARD}: origins sidecar {SIDECAR} does not match its checksum in the manifest"),
-    "extended": (lambda p: p.write_bytes(p.read_bytes() + bytes(32)),
-                 f"shard {SHARD}: origins sidecar {SIDECAR} does not match its checksum in the manifest"),
+    "deleted": (lambda p: p.unlink(), {"full": _MISSING, "listing": _MISSING}),
+    "truncated": (lambda p: p.write_bytes(p.read_bytes()[:-8]), {"full": _MISMATCH, "listing": _SIZED}),
+    "edited": (_edit_row, {"full": _MISMATCH, "listing": None}),
+    "extended": (lambda p: p.write_bytes(p.read_bytes() + bytes(32)), {"full": _MISMATCH, "listing": _SIZED}),
 }
 
 
@@ -344,11 +358,22 @@ def damaged_root(roots, tmp_path):
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_verification_at_either_level_names_a_damaged_sidecar(damaged_root, capsys, damage):
-    harm, message = DAMAGE[damage]
+    harm, messages = DAMAGE[damage]
     version_dir = version(damaged_root, "toy_det")
     harm(Path(version_dir) / SIDECAR)
+    size = (Path(version_dir) / SIDECAR).stat().st_size if damage != "deleted" else None
     for level in ("listing", "full"):
-        assert verify_version(version_dir, level=level) == [message]
+        message = messages[level]
+        if message is None:  # listing reads no origins sidecar: the ledger below refuses the edit
+            assert verify_version(version_dir, level=level) == []
+            assert main(["verify", "--level", level, version_dir]) == 0
+            continue
+        if message == _SIZED:
+            built = (load_manifest(version_dir).split("train").origins or ())[1].bytes
+            assert size != built
+            message = f"shard {SHARD}: origins sidecar {SIDECAR} has {size} bytes but the manifest says {built} "
+        problems = verify_version(version_dir, level=level)
+        assert len(problems) == 1 and problems[0].startswith(message), (level, problems)
         assert main(["verify", "--level", level, version_dir]) == 1
         assert message in capsys.readouterr().out
     # Negative control: the ledger never answers from it; it says which file to rebuild from.
@@ -379,14 +404,18 @@ def test_the_servers_first_use_refuses_a_cache_with_a_damaged_sidecar(damaged_ro
     for level in ("full", "listing"):
         with TestClient(create_app(Settings(cache_root=str(damaged_root), first_use_check=level))) as client:
             assert client.get("/shards", params={"run": "pair", "host": 0, "step": 0}).status_code == 200
-    harm, message = DAMAGE["edited"]
-    harm(Path(version(damaged_root, "toy_det")) / SIDECAR)
-    for level in ("full", "listing"):
+    sidecar = Path(version(damaged_root, "toy_det")) / SIDECAR
+    build = sidecar.read_bytes()
+    for damage, level in (("edited", "full"), ("truncated", "listing"), ("extended", "listing")):
+        sidecar.write_bytes(build)
+        harm, messages = DAMAGE[damage]
+        harm(sidecar)
         with TestClient(create_app(Settings(cache_root=str(damaged_root), first_use_check=level))) as client:
             response = client.get("/shards", params={"run": "pair", "host": 0, "step": 0})
             assert response.status_code == 503, response.text
             assert "Cache of task 'toy_det' is not available: verification of" in response.json()["detail"]
-            assert message in response.json()["detail"]
+            expected = messages[level] if messages[level] != _SIZED else f"origins sidecar {SIDECAR} has "
+            assert expected in response.json()["detail"]
             assert client.get("/runs/pair/ledger", params={"step": 0}).status_code == 503
 
 

@@ -304,7 +304,7 @@ def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: in
         origins_data = origins_sidecar(origins.rows())
         fs.write_atomic(fs.join(spec.version_dir, origins_name(split, dest, num_shards)), origins_data)
         origins_entry = {"file": origins_name(split, dest, num_shards),
-                         "sha256": hashlib.sha256(origins_data).hexdigest()}
+                         "sha256": hashlib.sha256(origins_data).hexdigest(), "bytes": len(origins_data)}
     if tmp != inner:
         os.replace(tmp, inner)
     result = {

@@ -121,16 +121,23 @@ class ShardEntry:
 
 @dataclasses.dataclass(frozen=True)
 class SidecarEntry:
-    """A sidecar file beside one shard (its origins: ``taskdata.cache.origins``) and its sha256."""
+    """A sidecar file beside one shard (its origins: ``taskdata.cache.origins``), its sha256 and its size.
+
+    The size lets ``taskdata verify --level listing`` prove the sidecar whole from the listing of ``index/``
+    without reading it (the ledger checks the sha256 when it first reads one, and ``full`` reads them all)."""
 
     file: str
     sha256: str
+    bytes: int
 
     def __post_init__(self) -> None:
         named = re.fullmatch(r"index/[\w.-]+", self.file) is not None and ".." not in self.file
         if not named or re.fullmatch(r"[0-9a-f]{64}", self.sha256) is None:
             raise CacheFormatError(f"A sidecar entry names a file directly under index/ and its sha256 (64 hex "
                                    f"digits) but got {self}.")
+        if isinstance(self.bytes, bool) or not isinstance(self.bytes, int) or self.bytes < 0:
+            raise CacheFormatError(f"Sidecar entry {self.file} must give its size as a non-negative integer "
+                                   f"number of bytes but got {self.bytes!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +261,7 @@ class Manifest:
                     source_shards=int(split["source_shards"]),
                     counters=dict(split["counters"]),
                     source_files=tuple(split["source_files"]) if "source_files" in split else None,
-                    origins=tuple(SidecarEntry(**o) for o in split["origins"]) if "origins" in split else None,
+                    origins=tuple(_sidecar_entry(o) for o in split["origins"]) if "origins" in split else None,
                 )
                 for name, split in data["splits"].items()
             }
@@ -336,3 +343,12 @@ def current_version(task_root: str) -> str | None:
     if not _VERSION_RE.fullmatch(name):
         raise CacheFormatError(f"{pointer} names {name!r}, which is not a version folder name.")
     return fs.join(task_root, name)
+
+
+def _sidecar_entry(entry: Mapping[str, Any]) -> SidecarEntry:
+    # Manifests written before sidecar sizes were recorded (never released) list no "bytes": rebuild them.
+    if set(entry) != {"file", "sha256", "bytes"}:
+        raise CacheFormatError(f"An origins sidecar entry must have exactly the keys file, sha256 and bytes but "
+                               f"got {sorted(entry)} ({dict(entry)}); a cache built before sidecar sizes were "
+                               "recorded must be rebuilt with 'taskdata cache'.")
+    return SidecarEntry(entry["file"], entry["sha256"], entry["bytes"])

@@ -14,11 +14,12 @@ Column j holds number j of every record's ``provenance/origin``, in record order
 first document, documents after the first; each in the fewest bytes (1, 2, 4 or 8) that hold its largest
 value in this shard. Columns rather than rows of four int64s: a source shard index and a document count
 fit a byte or two, an ordinal four, so a shard's sidecar is ~10 bytes a record instead of 32. That is what
-``taskdata verify --level listing`` reads and a server keeps in memory per shard the ledger touches. The
+a server keeps in memory per shard the ledger touches. The
 header and the padding keep every column 8-byte aligned for zero-copy numpy views.
 
-The manifest lists each shard's sidecar with its sha256 (``SplitManifest.origins``), and every
-verification level checks it as it checks the offsets sidecar. Packed caches have none: a row of several
+The manifest lists each shard's sidecar with its sha256 and byte size (``SplitManifest.origins``). The
+ledger checks the sha256 when it first reads one; ``taskdata verify`` (full) hashes them all, and
+``--level listing`` only checks each one's size from the listing of ``index/`` (it reads none). Packed caches have none: a row of several
 examples has several origins, and the ledger refuses packed caches anyway.
 """
 

@@ -2,19 +2,23 @@
 
 ``full`` (``taskdata verify``, the cache job before it commits, the server's default first-use check)
 re-reads every byte. Per shard: the file exists; its offsets sidecar (and its origins sidecar, where the
-manifest lists one: ``taskdata.cache.origins``) is intact and matches the manifest; every record's framing matches the sidecar, its stored data CRC is the one the sidecar lists
+manifest lists one: ``taskdata.cache.origins``) is intact and matches its sha256 in the manifest; every
+record's framing matches the sidecar, its stored data CRC is the one the sidecar lists
 for its index (the record is where the build put it) and both CRCs match its bytes; the record count,
 byte size and sha256 match the manifest. The first problem is reported with the shard, the record
 index and the byte offset. Shards are checked by ``workers`` threads (file reads, sha256 and CRC32C
 release the GIL), results taken in manifest order, so the problem reported is the same for any count.
 
 ``listing`` (``taskdata verify --level listing``, the server's first-use check at pod scale) reads no
-record. From one listing of the version folder and one of ``index/``: every shard and sidecar the
-manifest names exists and every shard has exactly the manifest's byte size; every sidecar (offsets and
-origins) is read (gcsfs fetches them concurrently) and matches its sha256 in the manifest. Together with ``COMPLETED``
+record and no origins sidecar. From one listing of the shards' folder and, where the manifest lists
+origins sidecars, one of ``index/``: every shard has exactly the manifest's byte size, and every origins
+sidecar exists with the byte size the build recorded (``SidecarEntry.bytes``); every offsets sidecar is
+read (gcsfs fetches them concurrently) and matches its sha256 in the manifest. Together with ``COMPLETED``
 (the manifest is the one the build committed, after its own full verification) it proves: no file is
 missing, truncated or extended since the build, and every byte offset and record CRC served is the
-build's. It does not prove that a shard's bytes are unchanged (a flipped bit, two equal-length records
+build's. An origins sidecar edited in place at the same size is not caught here: only the ledger needs
+them, and it checks each one's sha256 when it first reads it (``CacheReader.shard_origins``); ``full``
+hashes them all. It does not prove that a shard's bytes are unchanged (a flipped bit, two equal-length records
 swapped): the reader finds those, record by record, before a record reaches a batch (both CRCs, and
 the stored data CRC against the sidecar's, which this level proved is the build's), and ``full`` finds
 them for the whole version.
@@ -106,19 +110,24 @@ def check_split(
     readable = [i for i, problem in enumerate(problems) if problem is None]
     prefix = version_dir.rstrip("/") + "/"  # fs.join per path costs seconds at 65,536 shards
     origins = split.origins
+    # Only full reads origins sidecars (the ledger hashes each on first use); listing sizes them from one
+    # listing of index/, which keeps a pod-scale first use from reading a second small file per shard.
+    read_origins_too = origins is not None and level == "full"
+    index_sizes = fs.sizes_in(prefix + "index", ".origins") if origins is not None and level == "listing" else {}
     for at in range(0, len(readable), _SIDECAR_BATCH):
         batch = readable[at : at + _SIDECAR_BATCH]
         paths = [prefix + entries[i].offsets_file for i in batch]
-        origin_paths = [] if origins is None else [prefix + origins[i].file for i in batch]
+        origin_paths = [prefix + origins[i].file for i in batch] if read_origins_too else []  # type: ignore[index]
         sidecars = fs.read_many(paths + origin_paths)  # one batch of requests for both kinds of sidecar
-        origin_data = sidecars[len(paths):] if origins is not None else [None] * len(batch)
+        origin_data = sidecars[len(paths):] if read_origins_too else [None] * len(batch)
         for i, path, data, origin in zip(batch, paths, sidecars[: len(paths)], origin_data, strict=True):
             problems[i] = _sidecar_problem(entries[i], data)
             if problems[i] is None:
                 assert data is not None  # _sidecar_problem names a sidecar that could not be read
                 offsets[i], indexes[i], problems[i] = _parse_sidecar(entries[i], path, data, level)
             if problems[i] is None and origins is not None:
-                problems[i] = _origins_problem(entries[i], origins[i], prefix + origins[i].file, origin)
+                problems[i] = (_origins_problem(entries[i], origins[i], prefix + origins[i].file, origin)
+                               if read_origins_too else _origins_size_problem(entries[i], origins[i], index_sizes))
     if level == "full":
         last = len(entries)
         if stop_at_first:  # no shard after the first one found bad needs reading
@@ -182,6 +191,16 @@ def _sidecar_problem(entry: ShardEntry, data: bytes | None) -> str | None:
     if hashlib.sha256(data).hexdigest() != entry.offsets_sha256:
         return (f"shard {entry.file}: offsets sidecar {entry.offsets_file} does not match its checksum in "
                 "the manifest")
+    return None
+
+
+def _origins_size_problem(entry: ShardEntry, origins: SidecarEntry, index_sizes: dict[str, int]) -> str | None:
+    size = index_sizes.get(origins.file.rsplit("/", 1)[-1])
+    if size is None:
+        return f"origins sidecar {origins.file} of shard {entry.file} is missing"
+    if size != origins.bytes:
+        return (f"shard {entry.file}: origins sidecar {origins.file} has {size} bytes but the manifest says "
+                f"{origins.bytes} (the listing check reads no origins sidecar: 'taskdata verify' hashes them)")
     return None
 
 
