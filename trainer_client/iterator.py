@@ -29,8 +29,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from taskdata.index import slice_positions
 from trainer_client.assignments import AssignmentError, AssignmentSource, HostSlice, RunInfo, StepReads
-from trainer_client.read_workers import ReadWorkers
+from trainer_client.local_source import LocalAssignments
+from trainer_client.read_workers import LocalSteps, PlannedStep, ReadWorkers
 from trainer_client.reading import BatchReader, ClientBatch
 
 __all__ = ["DataIterator", "DataState", "ResumeError"]
@@ -89,7 +91,9 @@ class DataIterator:
       host_slice: the slice of every global batch this host reads (default: process index of count).
       lookahead: steps of instructions fetched per request.
       prefetch: batches read ahead of the train step.
-      workers: processes that read batches (0: the reading thread of this process reads them).
+      workers: processes that read batches (0: the reading thread of this process reads them). Over a
+        ``LocalAssignments`` source each worker computes its own steps' instructions (this process
+        computes only the steps it reads itself: skipped ones, and those before the workers have started).
     """
 
     def __init__(
@@ -133,6 +137,11 @@ class DataIterator:
         self._stop_step = stop_step
         self._reader = BatchReader(info, lengths, verify_crc=verify_crc)
         self._workers = workers
+        # Over a local source the workers compute their steps' instructions; the fetch thread queues only
+        # the steps' numbers and positions (PlannedStep), and this process computes the instructions of
+        # the steps it reads itself, under this lock (the source serves one thread at a time).
+        self._local = isinstance(source, LocalAssignments) and workers > 0
+        self._source_lock = threading.Lock()
         self._pool: ReadWorkers | None = None
         self._pool_lock = threading.Lock()  # the reading thread starts the pool; closing stops it
         self.workers_serving = False  # whether batches now come from the worker processes
@@ -143,7 +152,9 @@ class DataIterator:
         self._start_threads(first)
 
     def _start_threads(self, first: int) -> None:
-        self._instructions: queue.Queue[StepReads | BaseException | _Done] = queue.Queue(maxsize=self._lookahead)
+        self._instructions: queue.Queue[StepReads | PlannedStep | BaseException | _Done] = queue.Queue(
+            maxsize=self._lookahead
+        )
         self._batches: queue.Queue[ClientBatch | BaseException] = queue.Queue(maxsize=self._prefetch)
         self._stopping = threading.Event()
         self.workers_serving = False
@@ -289,12 +300,37 @@ class DataIterator:
             count = (
                 self._lookahead if self._stop_step is None else min(self._lookahead, self._stop_step - step)
             )
-            window = self._source.fetch(step, count, self.host_slice)
+            window = self._planned(step, count) if self._local else self._fetch_reads(step, count)
             for item in window:
                 if not self._put(self._instructions, item):
                     return
             step += count
         self._put(self._instructions, _DONE)
+
+    def _fetch_reads(self, step: int, count: int) -> list[StepReads]:
+        with self._source_lock:
+            return self._source.fetch(step, count, self.host_slice)
+
+    def _planned(self, step: int, count: int) -> list[StepReads | PlannedStep]:
+        """What ``_fetch_reads`` gives for a window, with each step the workers read as its number and
+        positions only (the same positions, from the same plan; the same errors, raised for the window)."""
+        plan = self.info.plan
+        window: list[StepReads | PlannedStep] = []
+        for k in range(step, step + count):
+            if plan.is_skipped(k):
+                window += self._fetch_reads(k, 1)  # read in this process: no data, no index math
+            else:
+                positions = slice_positions(plan, k, self.host_slice.index, self.host_slice.count)
+                window.append(PlannedStep(k, len(plan.positions(k)), positions))
+        return window
+
+    def _reads_of(self, item: StepReads | PlannedStep) -> StepReads:
+        """The instructions of a step this process reads itself."""
+        if isinstance(item, StepReads):
+            return item
+        reads = self._fetch_reads(item.step, 1)[0]
+        self._check_slice(reads)
+        return reads
 
     def _check_slice(self, item: StepReads) -> None:
         step_positions = self.info.plan.positions(item.step)
@@ -327,14 +363,20 @@ class DataIterator:
         with self._pool_lock:
             if not self._stopping.is_set():
                 reader = self._reader
-                self._pool = ReadWorkers(reader.info, reader.lengths, self._workers, verify_crc=reader.verify_crc)
+                local = None
+                if self._local:
+                    assert isinstance(self._source, LocalAssignments)
+                    local = LocalSteps(self._source.version_dirs, self.host_slice)
+                self._pool = ReadWorkers(
+                    reader.info, reader.lengths, self._workers, verify_crc=reader.verify_crc, local=local
+                )
             return self._pool
 
     def _read_pooled(self) -> None:
         """``_read`` through worker processes: steps go out in order, up to two per worker ahead, and their
         batches are queued in that order. The workers start once the first batch is queued; until they
         all have, and for skipped steps, this thread reads the step itself."""
-        ahead: collections.deque[StepReads | ClientBatch] = collections.deque()  # in step order
+        ahead: collections.deque[StepReads | PlannedStep | ClientBatch] = collections.deque()  # in step order
         pool: ReadWorkers | None = None
         finished = False
         while not finished or ahead:
@@ -351,9 +393,10 @@ class DataIterator:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                self._check_slice(item)
-                if item.skipped or pool is None or not pool.ready():
-                    ahead.append(self._reader.read(item))
+                if isinstance(item, StepReads):
+                    self._check_slice(item)
+                if (isinstance(item, StepReads) and item.skipped) or pool is None or not pool.ready():
+                    ahead.append(self._reader.read(self._reads_of(item)))
                     break  # deliver it now: the train step may be waiting for it
                 pool.send(item)
                 ahead.append(item)
