@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from taskdata.cache.tfrecord import CorruptRecordError
@@ -364,3 +365,56 @@ def test_a_batch_the_hosts_cannot_split_fails_at_the_same_step_with_the_same_err
     plain = run(0)
     assert plain[0] and "cannot split evenly" in plain[2]
     assert run(2) == plain
+
+
+def test_uncopied_batches_equal_the_copied_ones_through_a_ramp_and_a_restore(root):
+    # The slots grow along the ramp while earlier views may still exist; a restore starts new workers.
+    plan = dataclasses.replace(RunStore(root).get("mix4").plan, name="ramp_views", skip=(SkipRange(9, 11),),
+                               schedule=BatchSchedule(start=8, end=32, ramp_steps=30, multiple_of=8))  # fmt: skip
+
+    def source():
+        return LocalAssignments.from_cache_root(StoredRun(plan), root)
+
+    plain = collect(source(), HostSlice(1, 2), stop=48)
+    kept, restored = [], False
+    with DataIterator(source(), LENGTHS, host_slice=HostSlice(1, 2), stop_step=48, workers=2,
+                      copy_batches=False) as it:  # fmt: skip
+        for batch in it:
+            kept.append((batch.step, {k: v.copy() for k, v in batch.features.items()}))  # copied in its lifetime
+            if batch.step == 30 and not restored:
+                it.restore(DataState(20, plan.fingerprint_before(20)))
+                kept, restored = kept[:20], True
+            if not it.workers_serving:
+                time.sleep(0.05)
+        assert it.workers_serving
+    assert same(kept, plain)
+
+
+def test_an_uncopied_batch_stays_intact_until_the_next_one_is_asked_for_and_cannot_be_written(root):
+    with DataIterator(local(root), LENGTHS, host_slice=HostSlice(0, 1), stop_step=200, workers=2,
+                      copy_batches=False) as it:  # fmt: skip
+        while not it.workers_serving:
+            next(it)
+            time.sleep(0.05)
+        for _ in range(4):  # batches from the workers' slots from here on
+            next(it)
+        held = next(it)
+        array = held.features["inputs"]
+        assert not array.flags.writeable and not array.flags.owndata
+        with pytest.raises(ValueError, match="read-only"):
+            array[0, 0] = 7
+        with pytest.raises(ValueError, match="cannot set WRITEABLE flag to True"):
+            array.flags.writeable = True
+        snapshot = {k: v.copy() for k, v in held.features.items()}
+        time.sleep(1.0)  # the workers read ahead as far as they are let
+        assert all(np.array_equal(held.features[k], snapshot[k]) for k in snapshot)
+        # Negative control: once later batches are asked for, the workers write the same memory again.
+        for _ in range(8):
+            next(it)
+        time.sleep(0.5)
+        assert not all(np.array_equal(held.features[k], snapshot[k]) for k in snapshot)
+
+
+def test_copy_batches_must_be_a_bool():
+    with pytest.raises(ValueError, match="copy_batches must be True or False but got 0"):
+        DataIterator(None, LENGTHS, copy_batches=0)  # type: ignore[arg-type]

@@ -94,6 +94,12 @@ class DataIterator:
       workers: processes that read batches (0: the reading thread of this process reads them). Over a
         ``LocalAssignments`` source each worker computes its own steps' instructions (this process
         computes only the steps it reads itself: skipped ones, and those before the workers have started).
+      copy_batches: with workers, whether a batch's arrays are copied out of the worker's shared memory
+        (the default). With False they are read-only views of it, saving a copy of every batch, valid until
+        the caller asks for the next batch: the arrays of step ``k`` stay intact until the caller calls
+        ``next()`` for step ``k + 1`` (the workers do not write that memory before); that call (or
+        ``restore``) ends them, and they must not be read after it: copy what must live longer. After ``close`` nothing writes them. Batches this process reads
+        itself (skipped steps, the first steps while the workers start, ``workers=0``) are its own arrays.
     """
 
     def __init__(
@@ -108,12 +114,15 @@ class DataIterator:
         stop_step: int | None = None,
         verify_crc: bool = True,
         workers: int = 0,
+        copy_batches: bool = True,
     ):
         for value, what in ((lookahead, "lookahead"), (prefetch, "prefetch")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{what} must be a positive integer but got {value!r}.")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ValueError(f"workers must be an integer >= 0 (0: read in this process) but got {workers!r}.")
+        if not isinstance(copy_batches, bool):
+            raise ValueError(f"copy_batches must be True or False but got {copy_batches!r}.")
         self._source = source
         info = source.run_info()
         if isinstance(start, DataState):
@@ -142,6 +151,11 @@ class DataIterator:
         # the steps it reads itself, under this lock (the source serves one thread at a time).
         self._local = isinstance(source, LocalAssignments) and workers > 0
         self._source_lock = threading.Lock()
+        self._copy_batches = copy_batches
+        # The step the caller asked for last (``next()``): with copy_batches=False the workers' memory of the
+        # steps before it may be written again, and of no later step (the reading thread waits for this).
+        self._asked = first
+        self._asked_changed = threading.Condition()
         self._pool: ReadWorkers | None = None
         self._pool_lock = threading.Lock()  # the reading thread starts the pool; closing stops it
         self.workers_serving = False  # whether batches now come from the worker processes
@@ -211,6 +225,7 @@ class DataIterator:
                 f"cannot move to step {state.step}. Build a new DataIterator with start=state instead."
             )
         self._next_step = state.step
+        self._ask(state.step)
         self._start_threads(state.step)
 
     def __iter__(self) -> DataIterator:
@@ -220,6 +235,7 @@ class DataIterator:
         if self._stop_step is not None and self._next_step >= self._stop_step:
             raise StopIteration
         started = time.perf_counter()
+        self._ask(self._next_step)  # the caller's batch before this one is done with
         item = self._batches.get()
         self.waited_seconds += time.perf_counter() - started
         if isinstance(item, BaseException):
@@ -233,6 +249,21 @@ class DataIterator:
         self._next_step += 1
         self.delivered += 1
         return item
+
+    def _ask(self, step: int) -> None:
+        if not self._copy_batches:
+            with self._asked_changed:
+                self._asked = step
+                self._asked_changed.notify_all()
+
+    def _may_send(self, step: int, pool: ReadWorkers) -> bool:
+        """Whether the worker may write ``step``'s batch now: with copy_batches=False only once the caller
+        has asked for a step after the one whose memory it writes it into (``step - 2 * count``)."""
+        return self._copy_batches or step - 2 * pool.count < self._asked
+
+    def _wait_asked(self, step: int, pool: ReadWorkers) -> None:
+        with self._asked_changed:
+            self._asked_changed.wait_for(lambda: self._may_send(step, pool), timeout=0.1)
 
     def close(self) -> None:
         self._stop_threads()
@@ -378,10 +409,15 @@ class DataIterator:
         all have, and for skipped steps, this thread reads the step itself."""
         ahead: collections.deque[StepReads | PlannedStep | ClientBatch] = collections.deque()  # in step order
         pool: ReadWorkers | None = None
+        held: StepReads | PlannedStep | None = None  # the next step, waiting for the caller (copy_batches=False)
         finished = False
-        while not finished or ahead:
+        while not finished or ahead or held is not None:
+            if self._stopping.is_set():
+                return
             while not finished and (pool is None or pool.in_flight < 2 * pool.count):
-                if ahead:
+                if held is not None:
+                    item, held = held, None
+                elif ahead:
                     try:
                         item = self._instructions.get_nowait()
                     except queue.Empty:
@@ -398,6 +434,11 @@ class DataIterator:
                 if (isinstance(item, StepReads) and item.skipped) or pool is None or not pool.ready():
                     ahead.append(self._reader.read(self._reads_of(item)))
                     break  # deliver it now: the train step may be waiting for it
+                if not self._may_send(item.step, pool):
+                    held = item
+                    if not ahead:  # every batch before it is queued: wait for the caller to take one
+                        self._wait_asked(item.step, pool)
+                    break
                 pool.send(item)
                 ahead.append(item)
                 self.workers_serving = True
@@ -408,7 +449,7 @@ class DataIterator:
                 batch = head
             else:
                 assert pool is not None  # only the pool's steps are instructions here
-                batch = pool.receive(head)
+                batch = pool.receive(head, copy=self._copy_batches)
             if not self._put(self._batches, batch):
                 return
             if pool is None:

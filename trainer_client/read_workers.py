@@ -168,14 +168,20 @@ class _Slot:
         if not size:
             return memoryview(b"")  # an empty file cannot be mapped
         if self.map is None or len(self.map) < size:
-            if self.map is not None:
-                self.map.close()
+            self._drop_map()
             self.map = mmap.mmap(self.fd, max(size, os.fstat(self.fd).st_size))
         return memoryview(self.map)
 
-    def close(self) -> None:
+    def _drop_map(self) -> None:
+        # Arrays handed out without a copy (``copy_batches=False``) may still view the old map: it is then
+        # unmapped when the last of them goes, and its pages stay as they were (nothing writes them again).
         if self.map is not None:
-            self.map.close()
+            with contextlib.suppress(BufferError):
+                self.map.close()
+            self.map = None
+
+    def close(self) -> None:
+        self._drop_map()
         os.close(self.fd)
 
 
@@ -240,8 +246,9 @@ class _Worker:
         except BrokenPipeError as error:  # the worker is gone: say which and how, as a reply cut short does
             raise self._ended(error) from None
 
-    def batch(self, step_reads: StepReads | PlannedStep) -> ClientBatch:
-        """The batch of the oldest step sent to this worker (``step_reads``)."""
+    def batch(self, step_reads: StepReads | PlannedStep, copy: bool) -> ClientBatch:
+        """The batch of the oldest step sent to this worker (``step_reads``): its arrays copied out of the
+        slot, or (``copy=False``) read-only views of it, intact until this worker's step two after it is sent."""
         if not self.ready:
             self._take_ready()
         header = json.loads(self._receive(f"the header of step {step_reads.step}"))
@@ -255,11 +262,15 @@ class _Worker:
                 f"Read worker {self.index} answered step {header['step']} when step {step_reads.step} was due."
             )
         slot = self.slots[header["slot"]].view(header["bytes"])
+        if not copy:
+            slot = slot.toreadonly()  # its arrays cannot be made writable either
         features = {}
         offset = 0
         for name, rows, length in header["features"]:
-            # A copy: the slot is written again two steps later, while the caller may hold this batch.
-            features[name] = np.frombuffer(slot, np.int32, rows * length, offset).reshape(rows, length).copy()
+            array = np.frombuffer(slot, np.int32, rows * length, offset).reshape(rows, length)
+            # A copy unless asked not to: the slot is written again two steps later, while the caller may
+            # hold this batch.
+            features[name] = array.copy() if copy else array
             offset += rows * length * 4
         return ClientBatch(step_reads.step, False, step_reads.global_batch_size, step_reads.positions, features)
 
@@ -345,9 +356,12 @@ class ReadWorkers:
         self._workers[self._sent % len(self._workers)].request(message)
         self._sent += 1
 
-    def receive(self, step: StepReads | PlannedStep) -> ClientBatch:
-        """The batch of the oldest step sent and not yet received (``step``, as it was sent)."""
-        batch = self._workers[self._received % len(self._workers)].batch(step)
+    def receive(self, step: StepReads | PlannedStep, *, copy: bool = True) -> ClientBatch:
+        """The batch of the oldest step sent and not yet received (``step``, as it was sent).
+
+        With ``copy=False`` its arrays are read-only views of the worker's slot: intact until step
+        ``step.step + 2 * count`` is sent (that worker writes it into the same slot), and after ``close``."""
+        batch = self._workers[self._received % len(self._workers)].batch(step, copy)
         self._received += 1
         return batch
 
