@@ -21,6 +21,7 @@ honoured is an error, never a silent restart from step 0.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import enum
 import queue
@@ -267,8 +268,16 @@ class DataIterator:
 
     def close(self) -> None:
         self._stop_threads()
-        # A next() waiting in another thread (tf.data's, say) gets this instead of waiting forever.
-        self._batches.put(RuntimeError("The DataIterator was closed; build a new one to read on."))
+        # A next() waiting in another thread (tf.data's, say) gets this instead of waiting forever. Never a
+        # blocking put: a batch a thread queued as it stopped may fill the queue, and is dropped for this.
+        closed = RuntimeError("The DataIterator was closed; build a new one to read on.")
+        while True:
+            try:
+                self._batches.put_nowait(closed)
+                break
+            except queue.Full:
+                with contextlib.suppress(queue.Empty):
+                    self._batches.get_nowait()
         self._reader.close()
         self._source.close()
 
@@ -384,8 +393,9 @@ class DataIterator:
                 return
             if isinstance(item, BaseException):
                 raise item
-            self._check_slice(item)
-            batch = self._reader.read(item)
+            if isinstance(item, StepReads):
+                self._check_slice(item)
+            batch = self._reader.read(self._reads_of(item))
             if not self._put(self._batches, batch):
                 return
 
@@ -410,6 +420,7 @@ class DataIterator:
         ahead: collections.deque[StepReads | PlannedStep | ClientBatch] = collections.deque()  # in step order
         pool: ReadWorkers | None = None
         held: StepReads | PlannedStep | None = None  # the next step, waiting for the caller (copy_batches=False)
+        item: StepReads | PlannedStep | BaseException | _Done
         finished = False
         while not finished or ahead or held is not None:
             if self._stopping.is_set():

@@ -401,8 +401,7 @@ def _serve(requests: io.FileIO, replies: IO[bytes], slot_fds: list[int]) -> None
     reader = BatchReader(info, setup["lengths"], verify_crc=setup["verify_crc"])
     local = setup["local"]
     # With a local source the worker computes its steps' instructions as the iterator's source would.
-    steps = None if local is None else LocalAssignments(info.plan, local["version_dirs"])
-    host_slice = None if local is None else HostSlice(*local["host_slice"])
+    steps = None if local is None else (LocalAssignments(info.plan, local["version_dirs"]), HostSlice(*local["host_slice"]))
     pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
     threading.Thread(target=_drain, args=(requests, pending), daemon=True, name="taskdata-requests").start()
     slots = [_Slot(fd) for fd in slot_fds]
@@ -415,7 +414,8 @@ def _serve(requests: io.FileIO, replies: IO[bytes], slot_fds: list[int]) -> None
                 if steps is None:
                     batch = reader.read(from_json(message))
                 else:
-                    batch = reader.read(steps.fetch(int(message), 1, host_slice)[0])
+                    source, host_slice = steps
+                    batch = reader.read(source.fetch(int(message), 1, host_slice)[0])
             except Exception as error:  # reported to the train loop, which raises it
                 _send(replies, _error_reply(error))
                 continue
@@ -435,7 +435,7 @@ def _serve(requests: io.FileIO, replies: IO[bytes], slot_fds: list[int]) -> None
     finally:
         reader.close()
         if steps is not None:
-            steps.close()
+            steps[0].close()
         for slot in slots:
             slot.close()
 
