@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from taskdata.cache.tfrecord import CorruptRecordError
@@ -20,7 +21,8 @@ from tests.client_helpers import LENGTHS, REPO, features_equal, shared_root
 from trainer_client.assignments import HostSlice
 from trainer_client.iterator import DataIterator, DataState
 from trainer_client.local_source import LocalAssignments
-from trainer_client.read_workers import ReadWorkerError, ReadWorkers
+from trainer_client.read_workers import LocalSteps, PlannedStep, ReadWorkerError, ReadWorkers
+from trainer_client.reading import BatchReader
 
 
 @pytest.fixture(scope="module")
@@ -266,3 +268,153 @@ def test_a_third_step_in_flight_to_one_worker_is_refused(root):
     finally:
         pool.close()
         source.close()
+
+
+class Counting:
+    """A source that is not a ``LocalAssignments`` (as ``ServerAssignments`` is not), counting the steps it
+    computes instructions for: the iterator sends such a source's instructions to its workers."""
+
+    def __init__(self, source):
+        self.source, self.steps = source, []
+
+    def run_info(self):
+        return self.source.run_info()
+
+    def fetch(self, first_step, num_steps, host_slice):
+        self.steps += range(first_step, first_step + num_steps)
+        return self.source.fetch(first_step, num_steps, host_slice)
+
+    def close(self):
+        self.source.close()
+
+
+def test_over_a_local_source_the_workers_compute_their_steps_instructions(root, monkeypatch):
+    # The iterator computes the instructions of the steps it reads itself only (the first ones, while the
+    # workers start): the workers compute the rest from step numbers, and the batches are the same bytes.
+    source = local(root)
+    computed = []
+    fetch = source.fetch
+
+    def counting_fetch(first_step, num_steps, host_slice):
+        computed.extend(range(first_step, first_step + num_steps))
+        return fetch(first_step, num_steps, host_slice)
+
+    monkeypatch.setattr(source, "fetch", counting_fetch)
+    plain = collect(local(root), HostSlice(1, 2), stop=80)
+    assert same(collect(source, HostSlice(1, 2), stop=80, workers=2), plain)
+    assert len(computed) < 40 and computed == list(range(len(computed)))
+    # Negative control: a source that is not local has every step's instructions computed here and sent.
+    counting = Counting(local(root))
+    assert same(collect(counting, HostSlice(1, 2), stop=80, workers=2), plain)
+    assert counting.steps == list(range(80))
+
+
+def test_workers_with_local_steps_take_step_numbers_and_refuse_instructions(root):
+    source = local(root)
+    steps = source.fetch(5, 2, HostSlice(1, 4))
+    planned = [PlannedStep(s.step, s.global_batch_size, s.positions) for s in steps]
+    pool = ReadWorkers(source.run_info(), LENGTHS, 1, local=LocalSteps(source.version_dirs, HostSlice(1, 4)))
+    reader = BatchReader(source.run_info(), LENGTHS)
+    try:
+        with pytest.raises(TypeError, match="Read workers with LocalSteps take a PlannedStep but got StepReads"):
+            pool.send(steps[0])
+        for step in planned:
+            pool.send(step)
+        for step, reads in zip(planned, steps, strict=True):
+            got, expected = pool.receive(step), reader.read(reads)
+            assert (got.step, got.positions, got.global_batch_size) == (reads.step, reads.positions, reads.global_batch_size)
+            assert all(got.features[k].tobytes() == expected.features[k].tobytes() for k in expected.features)
+    finally:
+        pool.close()
+        reader.close()
+        source.close()
+    with pytest.raises(ValueError, match="PlannedStep.positions must be a range within a global batch of 8"):
+        PlannedStep(0, 8, range(0, 9))
+
+
+def test_skip_ranges_and_a_ramp_with_local_workers_equal_the_in_process_reader(root):
+    plan = dataclasses.replace(RunStore(root).get("mix4").plan, name="ramp_skip", skip=(SkipRange(3, 5), SkipRange(21, 24)),
+                               schedule=BatchSchedule(start=8, end=32, ramp_steps=30, multiple_of=8))  # fmt: skip
+
+    def source():
+        return LocalAssignments.from_cache_root(StoredRun(plan), root)
+
+    plain = collect(source(), HostSlice(3, 4), stop=48)
+    pooled = collect(source(), HostSlice(3, 4), stop=48, workers=2, prefetch=1)
+    assert same(pooled, plain)
+    assert [s for s, f in pooled if not f] == [3, 4, 21, 22, 23]
+    assert {len(f["inputs"]) for _, f in pooled if f} == {2, 4, 6, 8}
+
+
+def test_a_batch_the_hosts_cannot_split_fails_at_the_same_step_with_the_same_error_with_workers(root):
+    # Batches of 16, 24, 32 on 16 hosts: the first batch of 24 cannot be split. Both paths deliver the
+    # same steps before it (the window holding it fails as a whole) and then raise the same error.
+    plan = dataclasses.replace(RunStore(root).get("mix1").plan, name="unsplittable",
+                               schedule=BatchSchedule(start=16, end=32, ramp_steps=40, multiple_of=8))  # fmt: skip
+
+    def run(workers):
+        delivered = []
+        source = LocalAssignments.from_cache_root(StoredRun(plan), root)
+        with (DataIterator(source, LENGTHS, host_slice=HostSlice(0, 16), workers=workers, lookahead=4) as it,
+              pytest.raises(Exception) as raised):  # fmt: skip
+            for batch in it:
+                delivered.append(batch.step)
+                time.sleep(0.02 if workers and not it.workers_serving else 0)
+        return delivered, type(raised.value), str(raised.value)
+
+    plain = run(0)
+    assert plain[0] and "cannot split evenly" in plain[2]
+    assert run(2) == plain
+
+
+def test_uncopied_batches_equal_the_copied_ones_through_a_ramp_and_a_restore(root):
+    # The slots grow along the ramp while earlier views may still exist; a restore starts new workers.
+    plan = dataclasses.replace(RunStore(root).get("mix4").plan, name="ramp_views", skip=(SkipRange(9, 11),),
+                               schedule=BatchSchedule(start=8, end=32, ramp_steps=30, multiple_of=8))  # fmt: skip
+
+    def source():
+        return LocalAssignments.from_cache_root(StoredRun(plan), root)
+
+    plain = collect(source(), HostSlice(1, 2), stop=48)
+    kept, restored = [], False
+    with DataIterator(source(), LENGTHS, host_slice=HostSlice(1, 2), stop_step=48, workers=2,
+                      copy_batches=False) as it:  # fmt: skip
+        for batch in it:
+            kept.append((batch.step, {k: v.copy() for k, v in batch.features.items()}))  # copied in its lifetime
+            if batch.step == 30 and not restored:
+                it.restore(DataState(20, plan.fingerprint_before(20)))
+                kept, restored = kept[:20], True
+            if not it.workers_serving:
+                time.sleep(0.05)
+        assert it.workers_serving
+    assert same(kept, plain)
+
+
+def test_an_uncopied_batch_stays_intact_until_the_next_one_is_asked_for_and_cannot_be_written(root):
+    with DataIterator(local(root), LENGTHS, host_slice=HostSlice(0, 1), stop_step=200, workers=2,
+                      copy_batches=False) as it:  # fmt: skip
+        while not it.workers_serving:
+            next(it)
+            time.sleep(0.05)
+        for _ in range(4):  # batches from the workers' slots from here on
+            next(it)
+        held = next(it)
+        array = held.features["inputs"]
+        assert not array.flags.writeable and not array.flags.owndata
+        with pytest.raises(ValueError, match="read-only"):
+            array[0, 0] = 7
+        with pytest.raises(ValueError, match="cannot set WRITEABLE flag to True"):
+            array.flags.writeable = True
+        snapshot = {k: v.copy() for k, v in held.features.items()}
+        time.sleep(1.0)  # the workers read ahead as far as they are let
+        assert all(np.array_equal(held.features[k], snapshot[k]) for k in snapshot)
+        # Negative control: once later batches are asked for, the workers write the same memory again.
+        for _ in range(8):
+            next(it)
+        time.sleep(0.5)
+        assert not all(np.array_equal(held.features[k], snapshot[k]) for k in snapshot)
+
+
+def test_copy_batches_must_be_a_bool():
+    with pytest.raises(ValueError, match="copy_batches must be True or False but got 0"):
+        DataIterator(None, LENGTHS, copy_batches=0)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ honoured is an error, never a silent restart from step 0.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import enum
 import queue
@@ -29,8 +30,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from taskdata.index import slice_positions
 from trainer_client.assignments import AssignmentError, AssignmentSource, HostSlice, RunInfo, StepReads
-from trainer_client.read_workers import ReadWorkers
+from trainer_client.local_source import LocalAssignments
+from trainer_client.read_workers import LocalSteps, PlannedStep, ReadWorkers
 from trainer_client.reading import BatchReader, ClientBatch
 
 __all__ = ["DataIterator", "DataState", "ResumeError"]
@@ -89,7 +92,15 @@ class DataIterator:
       host_slice: the slice of every global batch this host reads (default: process index of count).
       lookahead: steps of instructions fetched per request.
       prefetch: batches read ahead of the train step.
-      workers: processes that read batches (0: the reading thread of this process reads them).
+      workers: processes that read batches (0: the reading thread of this process reads them). Over a
+        ``LocalAssignments`` source each worker computes its own steps' instructions (this process
+        computes only the steps it reads itself: skipped ones, and those before the workers have started).
+      copy_batches: with workers, whether a batch's arrays are copied out of the worker's shared memory
+        (the default). With False they are read-only views of it, saving a copy of every batch, valid until
+        the caller asks for the next batch: the arrays of step ``k`` stay intact until the caller calls
+        ``next()`` for step ``k + 1`` (the workers do not write that memory before); that call (or
+        ``restore``) ends them, and they must not be read after it: copy what must live longer. After ``close`` nothing writes them. Batches this process reads
+        itself (skipped steps, the first steps while the workers start, ``workers=0``) are its own arrays.
     """
 
     def __init__(
@@ -104,12 +115,15 @@ class DataIterator:
         stop_step: int | None = None,
         verify_crc: bool = True,
         workers: int = 0,
+        copy_batches: bool = True,
     ):
         for value, what in ((lookahead, "lookahead"), (prefetch, "prefetch")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{what} must be a positive integer but got {value!r}.")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ValueError(f"workers must be an integer >= 0 (0: read in this process) but got {workers!r}.")
+        if not isinstance(copy_batches, bool):
+            raise ValueError(f"copy_batches must be True or False but got {copy_batches!r}.")
         self._source = source
         info = source.run_info()
         if isinstance(start, DataState):
@@ -133,6 +147,16 @@ class DataIterator:
         self._stop_step = stop_step
         self._reader = BatchReader(info, lengths, verify_crc=verify_crc)
         self._workers = workers
+        # Over a local source the workers compute their steps' instructions; the fetch thread queues only
+        # the steps' numbers and positions (PlannedStep), and this process computes the instructions of
+        # the steps it reads itself, under this lock (the source serves one thread at a time).
+        self._local = isinstance(source, LocalAssignments) and workers > 0
+        self._source_lock = threading.Lock()
+        self._copy_batches = copy_batches
+        # The step the caller asked for last (``next()``): with copy_batches=False the workers' memory of the
+        # steps before it may be written again, and of no later step (the reading thread waits for this).
+        self._asked = first
+        self._asked_changed = threading.Condition()
         self._pool: ReadWorkers | None = None
         self._pool_lock = threading.Lock()  # the reading thread starts the pool; closing stops it
         self.workers_serving = False  # whether batches now come from the worker processes
@@ -143,7 +167,9 @@ class DataIterator:
         self._start_threads(first)
 
     def _start_threads(self, first: int) -> None:
-        self._instructions: queue.Queue[StepReads | BaseException | _Done] = queue.Queue(maxsize=self._lookahead)
+        self._instructions: queue.Queue[StepReads | PlannedStep | BaseException | _Done] = queue.Queue(
+            maxsize=self._lookahead
+        )
         self._batches: queue.Queue[ClientBatch | BaseException] = queue.Queue(maxsize=self._prefetch)
         self._stopping = threading.Event()
         self.workers_serving = False
@@ -200,6 +226,7 @@ class DataIterator:
                 f"cannot move to step {state.step}. Build a new DataIterator with start=state instead."
             )
         self._next_step = state.step
+        self._ask(state.step)
         self._start_threads(state.step)
 
     def __iter__(self) -> DataIterator:
@@ -209,6 +236,7 @@ class DataIterator:
         if self._stop_step is not None and self._next_step >= self._stop_step:
             raise StopIteration
         started = time.perf_counter()
+        self._ask(self._next_step)  # the caller's batch before this one is done with
         item = self._batches.get()
         self.waited_seconds += time.perf_counter() - started
         if isinstance(item, BaseException):
@@ -223,10 +251,33 @@ class DataIterator:
         self.delivered += 1
         return item
 
+    def _ask(self, step: int) -> None:
+        if not self._copy_batches:
+            with self._asked_changed:
+                self._asked = step
+                self._asked_changed.notify_all()
+
+    def _may_send(self, step: int, pool: ReadWorkers) -> bool:
+        """Whether the worker may write ``step``'s batch now: with copy_batches=False only once the caller
+        has asked for a step after the one whose memory it writes it into (``step - 2 * count``)."""
+        return self._copy_batches or step - 2 * pool.count < self._asked
+
+    def _wait_asked(self, step: int, pool: ReadWorkers) -> None:
+        with self._asked_changed:
+            self._asked_changed.wait_for(lambda: self._may_send(step, pool), timeout=0.1)
+
     def close(self) -> None:
         self._stop_threads()
-        # A next() waiting in another thread (tf.data's, say) gets this instead of waiting forever.
-        self._batches.put(RuntimeError("The DataIterator was closed; build a new one to read on."))
+        # A next() waiting in another thread (tf.data's, say) gets this instead of waiting forever. Never a
+        # blocking put: a batch a thread queued as it stopped may fill the queue, and is dropped for this.
+        closed = RuntimeError("The DataIterator was closed; build a new one to read on.")
+        while True:
+            try:
+                self._batches.put_nowait(closed)
+                break
+            except queue.Full:
+                with contextlib.suppress(queue.Empty):
+                    self._batches.get_nowait()
         self._reader.close()
         self._source.close()
 
@@ -289,12 +340,37 @@ class DataIterator:
             count = (
                 self._lookahead if self._stop_step is None else min(self._lookahead, self._stop_step - step)
             )
-            window = self._source.fetch(step, count, self.host_slice)
+            window = self._planned(step, count) if self._local else self._fetch_reads(step, count)
             for item in window:
                 if not self._put(self._instructions, item):
                     return
             step += count
         self._put(self._instructions, _DONE)
+
+    def _fetch_reads(self, step: int, count: int) -> list[StepReads]:
+        with self._source_lock:
+            return self._source.fetch(step, count, self.host_slice)
+
+    def _planned(self, step: int, count: int) -> list[StepReads | PlannedStep]:
+        """What ``_fetch_reads`` gives for a window, with each step the workers read as its number and
+        positions only (the same positions, from the same plan; the same errors, raised for the window)."""
+        plan = self.info.plan
+        window: list[StepReads | PlannedStep] = []
+        for k in range(step, step + count):
+            if plan.is_skipped(k):
+                window += self._fetch_reads(k, 1)  # read in this process: no data, no index math
+            else:
+                positions = slice_positions(plan, k, self.host_slice.index, self.host_slice.count)
+                window.append(PlannedStep(k, len(plan.positions(k)), positions))
+        return window
+
+    def _reads_of(self, item: StepReads | PlannedStep) -> StepReads:
+        """The instructions of a step this process reads itself."""
+        if isinstance(item, StepReads):
+            return item
+        reads = self._fetch_reads(item.step, 1)[0]
+        self._check_slice(reads)
+        return reads
 
     def _check_slice(self, item: StepReads) -> None:
         step_positions = self.info.plan.positions(item.step)
@@ -317,8 +393,9 @@ class DataIterator:
                 return
             if isinstance(item, BaseException):
                 raise item
-            self._check_slice(item)
-            batch = self._reader.read(item)
+            if isinstance(item, StepReads):
+                self._check_slice(item)
+            batch = self._reader.read(self._reads_of(item))
             if not self._put(self._batches, batch):
                 return
 
@@ -327,19 +404,31 @@ class DataIterator:
         with self._pool_lock:
             if not self._stopping.is_set():
                 reader = self._reader
-                self._pool = ReadWorkers(reader.info, reader.lengths, self._workers, verify_crc=reader.verify_crc)
+                local = None
+                if self._local:
+                    assert isinstance(self._source, LocalAssignments)
+                    local = LocalSteps(self._source.version_dirs, self.host_slice)
+                self._pool = ReadWorkers(
+                    reader.info, reader.lengths, self._workers, verify_crc=reader.verify_crc, local=local
+                )
             return self._pool
 
     def _read_pooled(self) -> None:
         """``_read`` through worker processes: steps go out in order, up to two per worker ahead, and their
         batches are queued in that order. The workers start once the first batch is queued; until they
         all have, and for skipped steps, this thread reads the step itself."""
-        ahead: collections.deque[StepReads | ClientBatch] = collections.deque()  # in step order
+        ahead: collections.deque[StepReads | PlannedStep | ClientBatch] = collections.deque()  # in step order
         pool: ReadWorkers | None = None
+        held: StepReads | PlannedStep | None = None  # the next step, waiting for the caller (copy_batches=False)
+        item: StepReads | PlannedStep | BaseException | _Done
         finished = False
-        while not finished or ahead:
+        while not finished or ahead or held is not None:
+            if self._stopping.is_set():
+                return
             while not finished and (pool is None or pool.in_flight < 2 * pool.count):
-                if ahead:
+                if held is not None:
+                    item, held = held, None
+                elif ahead:
                     try:
                         item = self._instructions.get_nowait()
                     except queue.Empty:
@@ -351,10 +440,16 @@ class DataIterator:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                self._check_slice(item)
-                if item.skipped or pool is None or not pool.ready():
-                    ahead.append(self._reader.read(item))
+                if isinstance(item, StepReads):
+                    self._check_slice(item)
+                if (isinstance(item, StepReads) and item.skipped) or pool is None or not pool.ready():
+                    ahead.append(self._reader.read(self._reads_of(item)))
                     break  # deliver it now: the train step may be waiting for it
+                if not self._may_send(item.step, pool):
+                    held = item
+                    if not ahead:  # every batch before it is queued: wait for the caller to take one
+                        self._wait_asked(item.step, pool)
+                    break
                 pool.send(item)
                 ahead.append(item)
                 self.workers_serving = True
@@ -365,7 +460,7 @@ class DataIterator:
                 batch = head
             else:
                 assert pool is not None  # only the pool's steps are instructions here
-                batch = pool.receive(head)
+                batch = pool.receive(head, copy=self._copy_batches)
             if not self._put(self._batches, batch):
                 return
             if pool is None:

@@ -33,9 +33,11 @@ class LocalAssignments:
                 f"Run {plan.name!r} reads tasks {list(plan.task_names)}; no cache version folder for {missing}."
             )
         self._info = RunInfo(plan, plan.split)
+        # The folders read, by task: read workers open the same ones to compute the same instructions.
+        self.version_dirs = {task: _absolute(version_dirs[task]) for task in plan.task_names}
         # expected_manifest_sha256 refuses a folder holding other bytes than the plan pinned.
         self._readers = [
-            CacheReader(_absolute(version_dirs[task]), expected_manifest_sha256=plan.caches[task].fingerprint)
+            CacheReader(self.version_dirs[task], expected_manifest_sha256=plan.caches[task].fingerprint)
             for task in plan.task_names
         ]
         self._tables = RunTables.of(plan, [CacheReaderTable(reader, plan.split) for reader in self._readers])

@@ -7,7 +7,10 @@ ones one in-process reader gives (``BatchReader.read`` is a function of the step
 
 Nothing is pickled: a worker gets its run as the plan's JSON, each step as the ``/shards`` wire JSON
 of its instructions (``taskdata.index.to_json``), over a pair of pipes of its own (its stdout stays
-free for logs). It writes each batch's int32 arrays into one of two slot files shared with the
+free for logs). Over a local source (``LocalSteps``: the cache version folders and the host's slice)
+a worker gets only step numbers (``PlannedStep``) and computes each step's instructions itself with the
+index math ``LocalAssignments`` runs, so that neither the iterator's process nor the worker spends
+its time on the instructions' JSON. It writes each batch's int32 arrays into one of two slot files shared with the
 iterator (anonymous memory files, ``memfd``, where the system has them; unlinked temporary files
 elsewhere), the one its step number names, and answers with a JSON header saying where they are: the
 iterator copies them out, one memory copy, where a pipe cost a copy into the kernel and one out of it,
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import io
 import itertools
 import json
@@ -44,10 +48,11 @@ import numpy as np
 from taskdata.cache.format import CacheFormatError
 from taskdata.cache.tfrecord import CorruptRecordError
 from taskdata.index import RunPlan, StepReads, from_json, to_json
-from trainer_client.assignments import AssignmentError, RunInfo
+from trainer_client.assignments import AssignmentError, HostSlice, RunInfo
+from trainer_client.local_source import LocalAssignments
 from trainer_client.reading import BatchReader, ClientBatch
 
-__all__ = ["ReadWorkerError", "ReadWorkers", "keep_batch_memory"]
+__all__ = ["LocalSteps", "PlannedStep", "ReadWorkerError", "ReadWorkers", "keep_batch_memory"]
 
 _LENGTH = struct.Struct("<Q")
 # What a worker sets glibc's malloc to (as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ would): keep
@@ -66,6 +71,44 @@ _ERRORS: dict[str, type[Exception]] = {
 
 class ReadWorkerError(RuntimeError):
     """A read worker failed in a way that is not an error of the data (it exited, or broke the protocol)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSteps:
+    """What a worker needs to compute its steps' instructions itself: the run's cache version folders
+    (task -> folder, as ``LocalAssignments`` takes them) and the slice of every batch this host reads."""
+
+    version_dirs: Mapping[str, str]
+    host_slice: HostSlice
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host_slice, HostSlice):
+            raise TypeError(f"LocalSteps.host_slice must be a HostSlice but got {self.host_slice!r}.")
+        bad = {task: path for task, path in self.version_dirs.items() if not isinstance(path, str) or not path}
+        if bad or not self.version_dirs:
+            raise ValueError(
+                f"LocalSteps.version_dirs must map each task to its cache version folder but got "
+                f"{dict(self.version_dirs)!r}; pass LocalAssignments.version_dirs."
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedStep:
+    """A step a worker with ``LocalSteps`` reads: its number, and what the batch says about it without its
+    instructions (this host's ``positions`` of a global batch of ``global_batch_size``)."""
+
+    step: int
+    global_batch_size: int
+    positions: range
+
+    def __post_init__(self) -> None:
+        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
+            raise ValueError(f"PlannedStep.step must be an integer >= 0 but got {self.step!r}.")
+        if not isinstance(self.positions, range) or len(self.positions) > self.global_batch_size:
+            raise ValueError(
+                f"PlannedStep.positions must be a range within a global batch of {self.global_batch_size} but got "
+                f"{self.positions!r}."
+            )
 
 
 def _send(out: IO[bytes], message: bytes) -> None:
@@ -125,14 +168,20 @@ class _Slot:
         if not size:
             return memoryview(b"")  # an empty file cannot be mapped
         if self.map is None or len(self.map) < size:
-            if self.map is not None:
-                self.map.close()
+            self._drop_map()
             self.map = mmap.mmap(self.fd, max(size, os.fstat(self.fd).st_size))
         return memoryview(self.map)
 
-    def close(self) -> None:
+    def _drop_map(self) -> None:
+        # Arrays handed out without a copy (``copy_batches=False``) may still view the old map: it is then
+        # unmapped when the last of them goes, and its pages stay as they were (nothing writes them again).
         if self.map is not None:
-            self.map.close()
+            with contextlib.suppress(BufferError):
+                self.map.close()
+            self.map = None
+
+    def close(self) -> None:
+        self._drop_map()
         os.close(self.fd)
 
 
@@ -191,14 +240,15 @@ class _Worker:
             "output above. Read with workers=0 to get the error in this process."
         )
 
-    def request(self, step_reads: StepReads) -> None:
+    def request(self, message: bytes) -> None:
         try:
-            _send(self.requests, to_json(step_reads, "base64"))
+            _send(self.requests, message)
         except BrokenPipeError as error:  # the worker is gone: say which and how, as a reply cut short does
             raise self._ended(error) from None
 
-    def batch(self, step_reads: StepReads) -> ClientBatch:
-        """The batch of the oldest step sent to this worker (``step_reads``)."""
+    def batch(self, step_reads: StepReads | PlannedStep, copy: bool) -> ClientBatch:
+        """The batch of the oldest step sent to this worker (``step_reads``): its arrays copied out of the
+        slot, or (``copy=False``) read-only views of it, intact until this worker's step two after it is sent."""
         if not self.ready:
             self._take_ready()
         header = json.loads(self._receive(f"the header of step {step_reads.step}"))
@@ -212,11 +262,15 @@ class _Worker:
                 f"Read worker {self.index} answered step {header['step']} when step {step_reads.step} was due."
             )
         slot = self.slots[header["slot"]].view(header["bytes"])
+        if not copy:
+            slot = slot.toreadonly()  # its arrays cannot be made writable either
         features = {}
         offset = 0
         for name, rows, length in header["features"]:
-            # A copy: the slot is written again two steps later, while the caller may hold this batch.
-            features[name] = np.frombuffer(slot, np.int32, rows * length, offset).reshape(rows, length).copy()
+            array = np.frombuffer(slot, np.int32, rows * length, offset).reshape(rows, length)
+            # A copy unless asked not to: the slot is written again two steps later, while the caller may
+            # hold this batch.
+            features[name] = array.copy() if copy else array
             offset += rows * length * 4
         return ClientBatch(step_reads.step, False, step_reads.global_batch_size, step_reads.positions, features)
 
@@ -239,11 +293,22 @@ class ReadWorkers:
     Not thread-safe: one thread sends the requests and takes the batches, in step order.
     """
 
-    def __init__(self, info: RunInfo, lengths: Mapping[str, int], count: int, *, verify_crc: bool = True):
+    def __init__(
+        self,
+        info: RunInfo,
+        lengths: Mapping[str, int],
+        count: int,
+        *,
+        verify_crc: bool = True,
+        local: LocalSteps | None = None,
+    ):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"The number of read workers must be a positive integer but got {count!r}.")
+        local_setup = None if local is None else {
+            "version_dirs": dict(local.version_dirs), "host_slice": [local.host_slice.index, local.host_slice.count]}
         setup = json.dumps({"plan": info.plan.to_dict(), "split": info.split, "lengths": dict(lengths),
-                            "verify_crc": verify_crc}).encode()  # fmt: skip
+                            "verify_crc": verify_crc, "local": local_setup}).encode()  # fmt: skip
+        self.local = local
         self._workers: list[_Worker] = []
         try:
             for index in range(count):
@@ -270,20 +335,33 @@ class ReadWorkers:
     def in_flight(self) -> int:
         return self._sent - self._received
 
-    def send(self, step_reads: StepReads) -> None:
+    def send(self, step: StepReads | PlannedStep) -> None:
         """Sends the next step (steps go out in order; their batches come back in the same order); at most
-        two per worker may be in flight (a worker writes its third step's batch where its first one is)."""
+        two per worker may be in flight (a worker writes its third step's batch where its first one is).
+
+        Workers started with ``local`` take a ``PlannedStep`` (its number is all that is sent), others the
+        step's instructions."""
         if self.in_flight >= _SLOTS * len(self._workers):
             raise ReadWorkerError(
                 f"{self.in_flight} steps are in flight to {len(self._workers)} read workers, the most they hold: "
-                f"receive a batch before sending step {step_reads.step}."
+                f"receive a batch before sending step {step.step}."
             )
-        self._workers[self._sent % len(self._workers)].request(step_reads)
+        if isinstance(step, PlannedStep) != (self.local is not None):
+            raise TypeError(
+                f"Read workers {'with' if self.local else 'without'} LocalSteps take "
+                f"{'a PlannedStep' if self.local else 'StepReads'} but got {type(step).__name__} for step "
+                f"{step.step}."
+            )
+        message = str(step.step).encode() if isinstance(step, PlannedStep) else to_json(step, "base64")
+        self._workers[self._sent % len(self._workers)].request(message)
         self._sent += 1
 
-    def receive(self, step_reads: StepReads) -> ClientBatch:
-        """The batch of the oldest step sent and not yet received, whose instructions were ``step_reads``."""
-        batch = self._workers[self._received % len(self._workers)].batch(step_reads)
+    def receive(self, step: StepReads | PlannedStep, *, copy: bool = True) -> ClientBatch:
+        """The batch of the oldest step sent and not yet received (``step``, as it was sent).
+
+        With ``copy=False`` its arrays are read-only views of the worker's slot: intact until step
+        ``step.step + 2 * count`` is sent (that worker writes it into the same slot), and after ``close``."""
+        batch = self._workers[self._received % len(self._workers)].batch(step, copy)
         self._received += 1
         return batch
 
@@ -321,6 +399,9 @@ def _serve(requests: io.FileIO, replies: IO[bytes], slot_fds: list[int]) -> None
     setup = json.loads(_receive_message(requests, "the setup message"))
     info = RunInfo(RunPlan.from_dict(setup["plan"]), setup["split"])
     reader = BatchReader(info, setup["lengths"], verify_crc=setup["verify_crc"])
+    local = setup["local"]
+    # With a local source the worker computes its steps' instructions as the iterator's source would.
+    steps = None if local is None else (LocalAssignments(info.plan, local["version_dirs"]), HostSlice(*local["host_slice"]))
     pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
     threading.Thread(target=_drain, args=(requests, pending), daemon=True, name="taskdata-requests").start()
     slots = [_Slot(fd) for fd in slot_fds]
@@ -330,7 +411,11 @@ def _serve(requests: io.FileIO, replies: IO[bytes], slot_fds: list[int]) -> None
             if (message := pending.get()) is None:
                 break
             try:
-                batch = reader.read(from_json(message))
+                if steps is None:
+                    batch = reader.read(from_json(message))
+                else:
+                    source, host_slice = steps
+                    batch = reader.read(source.fetch(int(message), 1, host_slice)[0])
             except Exception as error:  # reported to the train loop, which raises it
                 _send(replies, _error_reply(error))
                 continue
@@ -349,6 +434,8 @@ def _serve(requests: io.FileIO, replies: IO[bytes], slot_fds: list[int]) -> None
             _send(replies, json.dumps(header).encode())
     finally:
         reader.close()
+        if steps is not None:
+            steps[0].close()
         for slot in slots:
             slot.close()
 
