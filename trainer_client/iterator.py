@@ -20,6 +20,7 @@ honoured is an error, never a silent restart from step 0.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import dataclasses
@@ -27,6 +28,7 @@ import enum
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -37,6 +39,20 @@ from trainer_client.read_workers import LocalSteps, PlannedStep, ReadWorkers
 from trainer_client.reading import BatchReader, ClientBatch
 
 __all__ = ["DataIterator", "DataState", "ResumeError"]
+
+
+# Iterators not closed yet. Their reading threads are daemons: left running into the interpreter's
+# teardown, one that wakes inside numpy C++ code (np.unique releases the GIL) is ended by pthread_exit,
+# whose unwinding through that code calls std::terminate: the process aborts after its last line (seen
+# 1 run in 20 of README's Grain snippet, whose iterators are never closed). So they are closed at exit,
+# while the interpreter is still whole (atexit runs before the teardown stops daemon threads).
+_OPEN: weakref.WeakSet[DataIterator] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_iterators() -> None:
+    for iterator in list(_OPEN):
+        iterator.close()
 
 
 class ResumeError(RuntimeError):
@@ -165,6 +181,7 @@ class DataIterator:
         self.waited_seconds = 0.0
         self.delivered = 0
         self._start_threads(first)
+        _OPEN.add(self)
 
     def _start_threads(self, first: int) -> None:
         self._instructions: queue.Queue[StepReads | PlannedStep | BaseException | _Done] = queue.Queue(
@@ -267,6 +284,7 @@ class DataIterator:
             self._asked_changed.wait_for(lambda: self._may_send(step, pool), timeout=0.1)
 
     def close(self) -> None:
+        _OPEN.discard(self)
         self._stop_threads()
         # A next() waiting in another thread (tf.data's, say) gets this instead of waiting forever. Never a
         # blocking put: a batch a thread queued as it stopped may fill the queue, and is dropped for this.

@@ -26,8 +26,6 @@ TensorFlow is imported when ``tf_dataset`` is called: the rest of ``trainer_clie
 
 from __future__ import annotations
 
-import atexit
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -105,9 +103,8 @@ def tf_dataset(
         features = {n: tf.ensure_shape(a, (rows, lengths[n])) for n, a in zip(names, arrays, strict=True)}
         return {**features, STEP_KEY: step}, trained
 
-    # A dataset abandoned before its end may leave tf.data's thread waiting in read(): closing the
-    # iterator before the interpreter's teardown ends that wait, so that the exit does not hang.
-    atexit.register(_close_at_exit, weakref.ref(iterator))
+    # A dataset abandoned before its end may leave tf.data's thread waiting in read(): DataIterator closes
+    # every iterator still open at exit, before the interpreter's teardown, which ends that wait.
     options = tf.data.Options()
     options.experimental_optimization.map_parallelization = False  # read() takes the steps in order
     # The DataIterator reads ahead in its own threads already. tf.data's autotuning (and the prefetch it
@@ -128,9 +125,3 @@ def _static_rows(plan: RunPlan, first: int, hosts: int) -> int | None:
     if all(s.is_constant for s in ahead) and len({s.end for s in ahead}) == 1:
         return ahead[0].end // hosts
     return None
-
-
-def _close_at_exit(iterator: weakref.ref[DataIterator]) -> None:
-    alive = iterator()
-    if alive is not None:
-        alive.close()
