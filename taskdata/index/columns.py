@@ -52,18 +52,19 @@ def base64_int64_bytes(values: np.ndarray) -> bytes:
     return binascii.b2a_base64(array.data, newline=False)
 
 
-def compact_column_bytes(values: np.ndarray) -> bytes:
+def compact_column_bytes(values: np.ndarray, top: int | None = None) -> bytes:
     """``values`` (integers that fit int64) as a compact column: the narrowest of ``u1``, ``u2``, ``u4``
     (values from 0 below 2^8, 2^16, 2^32) or else ``i8``, a colon, then base64 of the little-endian values.
+
+    ``top``, if given, is a bound known without looking: every value is in [0, top] (the server knows
+    it for a whole task's reads at once, and for the order from the number of tasks).
     """
     array = np.asarray(values)
-    if array.size and int(array.min()) >= 0:
-        top = int(array.max())
-        for limit, name, dtype in _UNSIGNED_LIMITS:
-            if top < limit:
-                return name + b":" + binascii.b2a_base64(array.astype(dtype).data, newline=False)
-    elif not array.size:
-        return b"u1:"
+    if top is None:
+        top = int(array.max()) if array.size and int(array.min()) >= 0 else -1 if array.size else 0
+    for limit, name, dtype in _UNSIGNED_LIMITS:
+        if 0 <= top < limit:
+            return name + b":" + binascii.b2a_base64(array.astype(dtype).data, newline=False)
     return b"i8:" + base64_int64_bytes(array)
 
 

@@ -15,8 +15,9 @@ separators would (tests parse and compare every answer), several times faster.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,9 +38,7 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
         write = _base64_column
     elif encoding == "ints":
         write = _int_column
-    elif compact:
-        write = _compact_column
-    else:
+    elif not compact:
         raise ValueError(f"encoding must be 'ints', 'base64' or 'compact' but got {encoding!r}.")
     positions = reads.positions
     # Pieces of bytes joined once: about half the time of formatting str and encoding it.
@@ -55,6 +54,9 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
     ]
     for i, task in enumerate(reads.tasks):
         cache, columns = task.cache, task.columns
+        if compact:  # the reads hold no negative value (TaskReads checks): one max per column is the bound
+            tops = columns.max(axis=1).tolist() if columns.shape[1] else [0] * len(columns)
+            write = functools.partial(_compact_column, tops=iter(tops))
         parts += [
             b',{"task":' if i else b'{"task":',
             cache.task_json,
@@ -73,6 +75,8 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
             write(columns[4]),
             b"}}",
         ]
+    if compact:  # the order holds task indices
+        write = functools.partial(_compact_column, tops=iter([len(reads.tasks) - 1]))
     parts += [b'],"order":', write(reads.order), b"}"]
     return b"".join(parts)
 
@@ -85,8 +89,8 @@ def _base64_column(values: np.ndarray) -> bytes:
     return b'"' + base64_int64_bytes(values) + b'"'
 
 
-def _compact_column(values: np.ndarray) -> bytes:
-    return b'"' + compact_column_bytes(values) + b'"'
+def _compact_column(values: np.ndarray, tops: Iterator[int]) -> bytes:
+    return b'"' + compact_column_bytes(values, next(tops)) + b'"'
 
 
 def from_json(data: bytes | str | Mapping[str, Any]) -> StepReads:
