@@ -53,6 +53,14 @@ smaller bodies as well as less index math. An r64 step's 31 KB is half file obje
 ``{"shard","uri"}`` objects with whole paths), 14 KB base64 int64 read columns and 3 KB of order (task
 indices as int64). Encoding every slice of a step when its first host asks moves the 8 ``to_json``
 calls, it does not remove them (it saves only the ~6 us slice cut).
+
+``encoding=compact`` (each column in its narrowest type, files named by a pattern) then cut an r64 answer from
+30,904 to 4,555 bytes and an r65536 one from 49,638 to 3,775, at the same JSON cost in one process (r64 slice:
+26.9 us against base64's 26.5; decoding it 228 us against 269). Under wrk it did not raise requests/s: r64
+together 39% of the trivial endpoint against base64's 43%, r65536 38% against 34%, distinct 24% / 22% against
+26% / 21% (load 1.5-2.4; rounds differ by +-20 us/request). The bytes were not what the server spends on an
+answer; the 86 us the profile put on the socket write is the write call and what it wakes, nearly the same
+for 4.5 KB as for 31 KB. What is left per request is Python: index math, the door, the event loop.
 """
 
 from __future__ import annotations
