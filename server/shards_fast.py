@@ -43,7 +43,7 @@ _BOUNDS = {
     b"steps": (1, MAX_LOOKAHEAD),
     b"num_hosts": (1, MAX_HOSTS),
 }
-_ENCODINGS = {b"ints": "ints", b"base64": "base64"}
+_ENCODINGS = {b"ints": "ints", b"base64": "base64", b"compact": "compact"}
 _NAME_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:")
 _NAME_FIRST = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _NAME_MAX = 200
@@ -57,7 +57,7 @@ def parse_query(query_string: bytes) -> dict[str, Any] | None:
 
     Plainly valid: ``name=value`` pairs of known parameters, each at most once, host and step given,
     integers written in plain digits within their bounds, a run name of the name rule, an encoding
-    ``ints`` or ``base64``, and no percent-encoding or ``+`` anywhere. What this accepts, ShardsQuery
+    ``ints``, ``base64`` or ``compact``, and no percent-encoding or ``+`` anywhere. What this accepts, ShardsQuery
     accepts with the same values (``tests/test_server_fast.py`` checks that on random query strings).
     """
     if b"%" in query_string or b"+" in query_string:

@@ -61,9 +61,11 @@ def test_a_coarser_slice_reads_the_union_of_its_data_shards_as_one(root):
         assert examples(whole) == [e for q in quarters for e in examples(q)]
 
 
-def test_server_instructions_equal_the_local_ones_for_every_slicing(root):
+@pytest.mark.parametrize("encoding", ["compact", "base64"])
+def test_server_instructions_equal_the_local_ones_for_every_slicing(root, encoding):
     with serve(root) as url:
-        server = ServerAssignments(url, "mix4")
+        server = ServerAssignments(url, "mix4", encoding=encoding)
+        assert server.encoding == encoding
         assert server.run_info() == local(root).run_info()
         for host_slice in (HostSlice(3, 4), HostSlice(1, 2), HostSlice(0, 1)):
             assert server.fetch(5, 20, host_slice) == local(root).fetch(5, 20, host_slice), host_slice
@@ -104,6 +106,11 @@ def test_a_server_answer_that_does_not_hold_together_is_refused(root):
     ):
         server.fetch(0, 1, HostSlice(0, 4))
     server.close()
+
+
+def test_an_unknown_encoding_is_refused_naming_the_ones_there_are():
+    with pytest.raises(AssignmentError, match="encoding must be 'compact' .the default., 'base64' or 'ints' but got 'hex'"):
+        ServerAssignments("http://test", "mix4", encoding="hex")  # type: ignore[arg-type]
 
 
 def test_server_refuses_more_host_slices_than_data_shards(root):

@@ -38,7 +38,7 @@ from taskdata.index import (
     to_json,
 )
 
-ENCODINGS = ("ints", "base64")
+ENCODINGS = ("ints", "base64", "compact")
 
 
 class MemoryTable:
@@ -260,7 +260,22 @@ def test_json_answers_are_the_documented_shape():
     }
     assert json.loads(to_json(reads, "base64"))["order"] == "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
     assert MAX_LOOKAHEAD == 64
-    with pytest.raises(ValueError, match="encoding must be 'ints' or 'base64' but got 'hex'"):
+    assert json.loads(to_json(reads, "compact"))["tasks"] == [
+        {
+            "task": "a",
+            "version": "v1",
+            "names": {"prefix": "mem://a/v1/train-", "digits": 5, "suffix": "-of-00002"},
+            "reads": {  # the values above, each column in the narrowest type that holds it
+                "shard": "u1:AAE=",
+                "first_record": "u1:BAA=",
+                "count": "u1:AQM=",
+                "byte_offset": "u1:UgA=",
+                "byte_length": "u1:HE4=",
+            },
+        }
+    ]
+    assert json.loads(to_json(reads, "compact"))["order"] == "u1:AAAAAA=="
+    with pytest.raises(ValueError, match="encoding must be 'ints', 'base64' or 'compact' but got 'hex'"):
         to_json(reads, "hex")  # type: ignore[arg-type]
 
 
@@ -318,6 +333,46 @@ def test_bad_answers_are_refused_naming_what_disagrees(change, message):
     from_json(answer)
     with pytest.raises(ReadsError, match=message):
         from_json(_edit(answer, change))
+
+
+def compact_answer() -> dict:
+    plan = make_plan({"a": (5, 7), "b": (9,)}, {"a": 1, "b": 1})
+    return json.loads(to_json(step_reads(tables_of(plan), 0, 0, 1), "compact"))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda a: a.__setitem__("order", "u3:AAAA"), r"one of \['i8', 'u1', 'u2', 'u4'\], and a colon, not 'u3'"),
+        (lambda a: a.__setitem__("order", "u2:AAAA"), "a u2 column must hold whole 2-byte values, not 3 bytes"),
+        (lambda a: a["tasks"][0]["reads"].__setitem__("count", "u1:AQ=="), "must have one length"),
+        (lambda a: a["tasks"][0]["names"].pop("digits"), "file names are prefix, digits and suffix"),
+        (lambda a: a["tasks"][0]["names"].__setitem__("digits", 0), "Digits of task 'a'.s file names must be"),
+        (lambda a: a["tasks"][0]["names"].__setitem__("prefix", 7), "a file name prefix and suffix are strings"),
+        (lambda a: a["tasks"][0].__setitem__("files", []), r"is this client older than the server"),
+        (lambda a: a["tasks"][0].pop("names"), r"not \['reads', 'task', 'version'\]"),
+    ],
+)
+def test_bad_compact_answers_are_refused_naming_what_disagrees(change, message):
+    answer = compact_answer()
+    from_json(answer)
+    with pytest.raises(ReadsError, match=message):
+        from_json(_edit(answer, change))
+
+
+def test_compact_answers_name_files_by_their_pattern_and_are_smaller():
+    plan = make_plan({"a": tuple(range(2, 30)), "b": (9, 40)}, {"a": 3, "b": 1})
+    reads = step_reads(tables_of(plan), 7, 0, 1)
+    compact, base64 = to_json(reads, "compact"), to_json(reads, "base64")
+    assert from_json(compact) == from_json(base64) == reads
+    assert [t.cache.uris for t in from_json(compact).tasks] == [
+        tuple(t.cache.uri(s) for s in t.files.tolist()) for t in reads.tasks
+    ]
+    assert len(compact) < len(base64)
+    # Files that no pattern names cannot be sent compactly: the error says which encoding to ask for.
+    odd = CacheFiles.of("a", "v1", ("/x/first", "/x/second"))
+    with pytest.raises(ReadsError, match="not named prefix \\+ zero-padded shard number \\+ suffix .* encoding=base64"):
+        odd.names_json  # noqa: B018
 
 
 def test_files_are_named_by_shard_in_full_tables_and_in_decoded_answers():

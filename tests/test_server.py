@@ -176,12 +176,29 @@ def as_ints(answer: dict) -> dict:
         {"host": 2, "step": MAX_STEP},
     ],
 )
-def test_base64_answers_hold_the_same_integers_as_int_answers(client, params):
+def test_base64_and_compact_answers_hold_the_same_integers_as_int_answers(client, params):
     ints = shards(client, **params)
     packed = shards(client, **params, encoding="base64")
     ShardsResponse.model_validate(packed)
     assert isinstance(packed["steps"][0]["order"], str)
     assert as_ints(packed) == ints
+    compact = shards(client, **params, encoding="compact")
+    ShardsResponse.model_validate(compact)
+    assert compact["steps"][0]["order"].startswith("u1:")
+    # The same integers, and each task's files, named by its pattern, are the files the other answers list.
+    got = as_ints(compact)
+    for step in got["steps"]:
+        for task in step["tasks"]:
+            names = task.pop("names")
+            task["files"] = [{"shard": s, "uri": f"{names['prefix']}{s:0{names['digits']}d}{names['suffix']}"}
+                             for s in sorted(set(task["reads"]["shard"]))]  # fmt: skip
+    assert [[dict(sorted(t.items())) for t in s["tasks"]] for s in got["steps"]] == [
+        [dict(sorted(t.items())) for t in s["tasks"]] for s in ints["steps"]
+    ]
+    assert [{k: v for k, v in s.items() if k != "tasks"} for s in got["steps"]] == [
+        {k: v for k, v in s.items() if k != "tasks"} for s in ints["steps"]
+    ]
+    assert {k: v for k, v in got.items() if k != "steps"} == {k: v for k, v in ints.items() if k != "steps"}
 
 
 def test_the_scalar_chain_past_int64_writes_the_same_answers_as_the_arrays(client, monkeypatch):
@@ -199,7 +216,7 @@ def test_the_scalar_chain_past_int64_writes_the_same_answers_as_the_arrays(clien
             run, _ = state.find_run(name)
             caches = state.resolver.cached(run) or state.resolver.resolve_run(run)
             tables = RunTables.of(run.plan, caches)
-            for encoding in ("ints", "base64"):
+            for encoding in ("ints", "base64", "compact"):
                 body = step_json(AnswerCache(0), name, tables, step, index, count, encoding)
                 answers.setdefault((name, index, count, step, encoding), []).append(body)
     assert all(first == second for first, second in answers.values())
@@ -229,6 +246,20 @@ def test_the_answer_model_refuses_inconsistent_columns():
     ):
         with pytest.raises(ValueError, match=message):
             ReadColumns.model_validate(bad)
+    names = {"prefix": "/x/train-", "digits": 5, "suffix": ""}
+    compact = {**good, "count": "u1:AgE=", "byte_length": "u1:KBQ="}
+    ReadColumns.model_validate(compact)
+    TaskReads.model_validate({"task": "t", "version": "v", "names": names, "reads": compact})
+    for bad, message in (
+        ({**good, "count": "u1:AgA="}, "below its minimum 1"),
+        ({**good, "count": "u3:AgE="}, "u3"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            ReadColumns.model_validate(bad)
+    with pytest.raises(ValueError, match="either files .ints, base64. or names .compact."):
+        TaskReads.model_validate({"task": "t", "version": "v", "reads": good})
+    with pytest.raises(ValueError, match="digits"):
+        TaskReads.model_validate({"task": "t", "version": "v", "names": {**names, "digits": 0}, "reads": good})
     with pytest.raises(ValueError, match=r"files name shards \[0\] but the reads are of shards \[1\]"):
         TaskReads.model_validate(
             {"task": "t", "version": "v", "files": [{"shard": 0, "uri": "/x"}], "reads": good}
@@ -254,7 +285,7 @@ def test_hosts_share_data_shards_and_the_global_batch_does_not_depend_on_the_hos
     assert (answer["data_shard"], answer["num_hosts"], answer["num_data_shards"]) == (2, 8, 4)
 
 
-@pytest.mark.parametrize("encoding", ["ints", "base64"])
+@pytest.mark.parametrize("encoding", ["ints", "base64", "compact"])
 def test_decoded_answers_equal_the_reads_the_index_math_computes(client, env, encoding):
     tables = RunTables.of(env.mix.plan, client.app.state.server.resolver.resolve_run(env.mix))
     for num_hosts in (1, 2, 4, 8):

@@ -61,7 +61,7 @@ VALUES = [
     "0", "1", "3", "7", "8", "15", "16", "64", "65", "65535", "65536", "65537", str(MAX_STEP), str(MAX_STEP + 1),
     "10000000000000000", "007", "00", "-1", "+3", " 3", "3 ", "3.0", "1e3", "1_000", "0x10", "", "x",
     "mix", "solo", "r64", "a.b:c_d", "_runs", "..", "a/b", "é", "a" * 200, "a" * 201, "%33", "ints", "base64",
-    "hex", "INTS",
+    "compact", "hex", "INTS",
 ]  # fmt: skip
 
 
@@ -69,7 +69,8 @@ VALUES = [
 def query_strings(draw) -> bytes:
     anything = st.tuples(st.sampled_from(NAMES), st.sampled_from(VALUES))
     plain = st.sampled_from([("steps", "1"), ("steps", "64"), ("run", "mix"), ("run", "a.b:c_d"), ("run", "a" * 200),
-                             ("num_hosts", "1"), ("num_hosts", "65536"), ("encoding", "ints"), ("encoding", "base64")])  # fmt: skip
+                             ("num_hosts", "1"), ("num_hosts", "65536"), ("encoding", "ints"), ("encoding", "base64"),
+                             ("encoding", "compact")])  # fmt: skip
     pairs = draw(st.lists(st.one_of(anything, plain, plain), max_size=5))
     if draw(st.booleans()):  # mostly well-formed: host and step first
         pairs = [("host", draw(st.sampled_from(VALUES[:8]))), ("step", draw(st.sampled_from(VALUES[:14]))), *pairs]
@@ -123,7 +124,7 @@ def random_requests(seed: int, count: int) -> list[tuple[str, dict[str, str]]]:
             ("steps", ["1", "2", "4", "64", "65", "0"]),
             ("run", ["mix", "solo", "nope", "_bad", "mix"]),
             ("num_hosts", ["1", "2", "4", "8", "3", "0"]),
-            ("encoding", ["ints", "base64", "hex"]),
+            ("encoding", ["ints", "base64", "compact", "hex"]),
             ("bogus", ["1"]),
         ):
             if rng.random() < (0.05 if name == "bogus" else 0.4):

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from server.assignments import AnswerCache, shards_body, step_json
 from server.models import MAX_STEP, ErrorResponse, ShardsQuery, ShardsResponse
 from server.state import ServerState, first_use, get_state
-from taskdata.index import PlanError, RunTables, host_slice_for
+from taskdata.index import PlanError, ReadsError, RunTables, host_slice_for
 from taskdata.index.columns import ColumnEncoding
 
 __all__ = ["PATH", "answer", "router"]
@@ -126,6 +126,12 @@ async def answer(
     caches = state.resolver.cached(stored) or await first_use(state, stored)
     cache = state.answers
     tables = cache.tables(stored, caches)
+    if encoding == "compact":
+        for files in tables.files:  # each cache's pattern is found once and kept (CacheFiles.names_json)
+            try:
+                files.names_json  # noqa: B018
+            except ReadsError as error:
+                raise HTTPException(400, f"Run {stored.name!r}: {error}") from None
     # A stored run may gain stages: the plan's fingerprint keeps answers of the plan before from being served after.
     keys = [(stored.name, plan.fingerprint(), count, index, s, encoding) for s in range(step, step + steps)]
     parts: list[bytes | None] = [cache.get(key) for key in keys]

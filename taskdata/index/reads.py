@@ -131,6 +131,23 @@ class CacheFiles:
         ]
         return np.array(rows, dtype=bytes)
 
+    @functools.cached_property
+    def names_json(self) -> bytes:
+        """The JSON object ``{"prefix", "digits", "suffix"}`` that names every file of this table: shard
+        ``s``'s URI is ``prefix + str(s).zfill(digits) + suffix`` (``encoding=compact`` sends this instead
+        of one object per file). ReadsError if the URIs are not named so (every taskdata cache is)."""
+        prefix, digits, suffix = _name_pattern(self)
+        return _dumps({"prefix": prefix, "digits": digits, "suffix": suffix}).encode()
+
+    @classmethod
+    def named(cls, task: str, version: str, shards: np.ndarray, prefix: str, digits: int, suffix: str) -> CacheFiles:
+        """The files of ``shards`` (ascending) named as ``names_json`` says."""
+        _check_int(digits, f"Digits of task {task!r}'s file names", 1)
+        if not isinstance(prefix, str) or not isinstance(suffix, str) or not prefix:
+            raise ReadsError(f"Task {task!r}: a file name prefix and suffix are strings (the prefix non-empty), "
+                             f"not {prefix!r} and {suffix!r}.")
+        return cls(task, version, shards, tuple(f"{prefix}{s:0{digits}d}{suffix}" for s in shards.tolist()))
+
     def files_json(self, shards: np.ndarray) -> bytes:
         """The JSON objects of ``shards``' files, comma-separated (the text inside ``[...]``), as ASCII.
 
@@ -139,6 +156,27 @@ class CacheFiles:
         """
         # JSON text here is ASCII (ensure_ascii) and holds no NUL byte: dropping NULs drops the padding.
         return self.file_rows[self._rows(shards)].tobytes().replace(b"\0", b"")[:-1]
+
+
+def _name_pattern(files: CacheFiles) -> tuple[str, int, str]:
+    """``(prefix, digits, suffix)`` with every URI ``prefix + str(shard).zfill(digits) + suffix``."""
+    if not files._dense or not len(files.uris):
+        raise ReadsError(f"Task {files.task!r}: only a table of every shard of a cache names its files by a pattern.")
+    first = files.uris[0]
+    # The number of shard 0 is a run of zeros: try each from the right (the shard count comes after it).
+    end = len(first)
+    while (end := first.rfind("0", 0, end)) >= 0:
+        start = end
+        while start > 0 and first[start - 1] == "0":
+            start -= 1
+        prefix, digits, suffix = first[:start], end + 1 - start, first[end + 1 :]
+        if prefix and all(u == f"{prefix}{s:0{digits}d}{suffix}" for s, u in enumerate(files.uris)):
+            return prefix, digits, suffix
+        end = start
+    raise ReadsError(
+        f"Task {files.task!r}: the files of cache version {files.version!r} are not named prefix + zero-padded "
+        f"shard number + suffix ({first!r}, ...), which encoding=compact needs; ask for encoding=base64."
+    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
