@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import types
 from typing import Literal
 
 import numpy as np
@@ -30,7 +31,7 @@ ColumnEncoding = Literal["ints", "base64", "compact"]
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 # A compact column's types, narrowest first: unsigned 1, 2 and 4 bytes, then signed 8 (any int64).
-_COMPACT_TYPES = {"u1": "<u1", "u2": "<u2", "u4": "<u4", "i8": "<i8"}
+_COMPACT_TYPES = types.MappingProxyType({"u1": "<u1", "u2": "<u2", "u4": "<u4", "i8": "<i8"})
 _UNSIGNED_LIMITS = ((2**8, b"u1", "<u1"), (2**16, b"u2", "<u2"), (2**32, b"u4", "<u4"))
 COMPACT_COLUMN_PATTERN = r"^(u1|u2|u4|i8):([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 

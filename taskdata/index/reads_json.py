@@ -129,11 +129,11 @@ def _integer(raw: Mapping[str, Any], key: str) -> int:
 
 def _task_from_json(raw: Mapping[str, Any], step: int) -> TaskReads:
     task = raw["task"]
-    keys = sorted(raw)
+    keys = tuple(sorted(raw))
     if keys not in (_LISTED_KEYS, _NAMED_KEYS):
         raise ReadsError(
-            f"Step {step}: a task's reads have keys {_LISTED_KEYS} (encodings ints and base64) or {_NAMED_KEYS} "
-            f"(compact), not {keys}: is this client older than the server?"
+            f"Step {step}: a task's reads have keys {list(_LISTED_KEYS)} (encodings ints and base64) or "
+            f"{list(_NAMED_KEYS)} (compact), not {list(keys)}: is this client older than the server?"
         )
     reads = raw["reads"]
     if sorted(reads) != sorted(READ_COLUMNS):
@@ -163,5 +163,5 @@ def _task_from_json(raw: Mapping[str, Any], step: int) -> TaskReads:
     return TaskReads(cache, cache.shards, np.stack(columns))
 
 
-_LISTED_KEYS = ["files", "reads", "task", "version"]
-_NAMED_KEYS = ["names", "reads", "task", "version"]
+_LISTED_KEYS = ("files", "reads", "task", "version")
+_NAMED_KEYS = ("names", "reads", "task", "version")
