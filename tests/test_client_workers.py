@@ -21,7 +21,13 @@ from tests.client_helpers import LENGTHS, REPO, features_equal, shared_root
 from trainer_client.assignments import HostSlice
 from trainer_client.iterator import DataIterator, DataState
 from trainer_client.local_source import LocalAssignments
-from trainer_client.read_workers import LocalSteps, PlannedStep, ReadWorkerError, ReadWorkers
+from trainer_client.read_workers import (
+    SLOTS_PER_WORKER,
+    LocalSteps,
+    PlannedStep,
+    ReadWorkerError,
+    ReadWorkers,
+)
 from trainer_client.reading import BatchReader
 
 
@@ -239,7 +245,7 @@ def test_a_worker_that_dies_is_an_error_in_the_train_loop_naming_it(root):
 
 
 def test_batches_that_grow_along_a_ramp_come_back_whole_from_the_workers_slots(root):
-    # Each worker writes its batches into two slot files that it grows when a batch no longer fits (the
+    # Each worker writes its batches into slot files (SLOTS_PER_WORKER) that it grows when a batch no longer fits (the
     # batch size ramps from 4 to 32 examples a step); every batch still equals the in-process reader's.
     plan = dataclasses.replace(RunStore(root).get("mix1").plan, name="ramp",
                                schedule=BatchSchedule(start=4, end=32, ramp_steps=28, multiple_of=4))  # fmt: skip
@@ -252,19 +258,19 @@ def test_batches_that_grow_along_a_ramp_come_back_whole_from_the_workers_slots(r
     assert same(collect(source(), HostSlice(0, 1), stop=40, workers=2, prefetch=1), plain)
 
 
-def test_a_third_step_in_flight_to_one_worker_is_refused(root):
-    # A worker writes its third step's batch into its first step's slot: that batch must be taken first.
+def test_one_step_more_than_a_worker_has_slots_is_refused(root):
+    # A worker writes step SLOTS_PER_WORKER's batch into its first step's slot: that batch must be taken first.
     source = local(root)
-    steps = source.fetch(0, 3, HostSlice(0, 1))
+    steps = source.fetch(0, SLOTS_PER_WORKER + 1, HostSlice(0, 1))
     pool = ReadWorkers(source.run_info(), LENGTHS, 1)
     try:
-        pool.send(steps[0])
-        pool.send(steps[1])
-        with pytest.raises(ReadWorkerError, match="2 steps are in flight to 1 read workers"):
-            pool.send(steps[2])
+        for step in steps[:-1]:
+            pool.send(step)
+        with pytest.raises(ReadWorkerError, match=f"{SLOTS_PER_WORKER} steps are in flight to 1 read workers"):
+            pool.send(steps[-1])
         first = pool.receive(steps[0])
-        pool.send(steps[2])
-        assert [pool.receive(s).step for s in steps[1:]] == [1, 2] and first.step == 0
+        pool.send(steps[-1])
+        assert [pool.receive(s).step for s in steps[1:]] == list(range(1, SLOTS_PER_WORKER + 1)) and first.step == 0
     finally:
         pool.close()
         source.close()

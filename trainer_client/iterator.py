@@ -6,7 +6,7 @@ interleave, padding) and queues up to ``prefetch`` of them. ``next()`` only take
 the train step waits only when reading is slower than training; ``waited_seconds`` measures that.
 
 With ``workers=N`` the reader hands the steps, in order, to N worker processes
-(``trainer_client.read_workers``) that read whole batches on other cores, two steps each ahead. It
+(``trainer_client.read_workers``) that read whole batches on other cores, ``SLOTS_PER_WORKER`` steps each ahead. It
 starts them once the first batch is queued and reads steps itself until they have started, so the first
 batch does not wait for them. Either way the batches are the same, byte for byte.
 
@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from taskdata.index import slice_positions
 from trainer_client.assignments import AssignmentError, AssignmentSource, HostSlice, RunInfo, StepReads
 from trainer_client.local_source import LocalAssignments
-from trainer_client.read_workers import LocalSteps, PlannedStep, ReadWorkers
+from trainer_client.read_workers import SLOTS_PER_WORKER, LocalSteps, PlannedStep, ReadWorkers
 from trainer_client.reading import BatchReader, ClientBatch
 
 __all__ = ["DataIterator", "DataState", "ResumeError"]
@@ -276,8 +276,8 @@ class DataIterator:
 
     def _may_send(self, step: int, pool: ReadWorkers) -> bool:
         """Whether the worker may write ``step``'s batch now: with copy_batches=False only once the caller
-        has asked for a step after the one whose memory it writes it into (``step - 2 * count``)."""
-        return self._copy_batches or step - 2 * pool.count < self._asked
+        has asked for a step after the one whose memory it writes it into (``step - SLOTS_PER_WORKER * count``)."""
+        return self._copy_batches or step - SLOTS_PER_WORKER * pool.count < self._asked
 
     def _wait_asked(self, step: int, pool: ReadWorkers) -> None:
         with self._asked_changed:
@@ -432,7 +432,7 @@ class DataIterator:
             return self._pool
 
     def _read_pooled(self) -> None:
-        """``_read`` through worker processes: steps go out in order, up to two per worker ahead, and their
+        """``_read`` through worker processes: steps go out in order, up to ``SLOTS_PER_WORKER`` per worker ahead, and their
         batches are queued in that order. The workers start once the first batch is queued; until they
         all have, and for skipped steps, this thread reads the step itself."""
         ahead: collections.deque[StepReads | PlannedStep | ClientBatch] = collections.deque()  # in step order
@@ -443,7 +443,7 @@ class DataIterator:
         while not finished or ahead or held is not None:
             if self._stopping.is_set():
                 return
-            while not finished and (pool is None or pool.in_flight < 2 * pool.count):
+            while not finished and (pool is None or pool.in_flight < SLOTS_PER_WORKER * pool.count):
                 if held is not None:
                     item, held = held, None
                 elif ahead:

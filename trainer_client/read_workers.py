@@ -10,11 +10,11 @@ of its instructions (``taskdata.index.to_json``), over a pair of pipes of its ow
 free for logs). Over a local source (``LocalSteps``: the cache version folders and the host's slice)
 a worker gets only step numbers (``PlannedStep``) and computes each step's instructions itself with the
 index math ``LocalAssignments`` runs, so that neither the iterator's process nor the worker spends
-its time on the instructions' JSON. It writes each batch's int32 arrays into one of two slot files shared with the
+its time on the instructions' JSON. It writes each batch's int32 arrays into one of its ``SLOTS_PER_WORKER`` slot files shared with the
 iterator (anonymous memory files, ``memfd``, where the system has them; unlinked temporary files
 elsewhere), the one its step number names, and answers with a JSON header saying where they are: the
 iterator copies them out, one memory copy, where a pipe cost a copy into the kernel and one out of it,
-and a system call per 64 KiB. A slot is written again only for the step two after it on that worker,
+and a system call per 64 KiB. A slot is written again only for the step ``SLOTS_PER_WORKER`` after it on that worker,
 which the iterator sends once it has copied the batch out. A worker ends when its request pipe
 closes, so it cannot outlive the process that started it (nor can its slots: nothing names them but
 the two processes' descriptors); ``close`` also waits for each one to exit (and kills it after a
@@ -52,7 +52,7 @@ from trainer_client.assignments import AssignmentError, HostSlice, RunInfo
 from trainer_client.local_source import LocalAssignments
 from trainer_client.reading import BatchReader, ClientBatch
 
-__all__ = ["LocalSteps", "PlannedStep", "ReadWorkerError", "ReadWorkers", "keep_batch_memory"]
+__all__ = ["SLOTS_PER_WORKER", "LocalSteps", "PlannedStep", "ReadWorkerError", "ReadWorkers", "keep_batch_memory"]
 
 _LENGTH = struct.Struct("<Q")
 # What a worker sets glibc's malloc to (as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ would): keep
@@ -146,7 +146,9 @@ def _widen(pipe: int) -> None:
         pass
 
 
-_SLOTS = 2  # a worker's steps in flight at most (``ReadWorkers``' callers send up to two per worker)
+# A worker's steps in flight at most, each with a slot of its own (``ReadWorkers``' callers send up to this
+# many per worker): with more, a worker reads further ahead of a caller whose steps come unevenly.
+SLOTS_PER_WORKER = 4
 
 
 def _slot_file() -> int:
@@ -187,7 +189,7 @@ class _Slot:
 
 class _Worker:
     def __init__(self, index: int, setup: bytes):
-        self.slots = [_Slot(_slot_file()) for _ in range(_SLOTS)]
+        self.slots = [_Slot(_slot_file()) for _ in range(SLOTS_PER_WORKER)]
         requests_read, requests_write = os.pipe()
         replies_read, replies_write = os.pipe()
         slot_fds = [slot.fd for slot in self.slots]
@@ -248,7 +250,8 @@ class _Worker:
 
     def batch(self, step_reads: StepReads | PlannedStep, copy: bool) -> ClientBatch:
         """The batch of the oldest step sent to this worker (``step_reads``): its arrays copied out of the
-        slot, or (``copy=False``) read-only views of it, intact until this worker's step two after it is sent."""
+        slot, or (``copy=False``) read-only views of it, intact until this worker's step ``SLOTS_PER_WORKER``
+        after it is sent."""
         if not self.ready:
             self._take_ready()
         header = json.loads(self._receive(f"the header of step {step_reads.step}"))
@@ -268,7 +271,7 @@ class _Worker:
         offset = 0
         for name, rows, length in header["features"]:
             array = np.frombuffer(slot, np.int32, rows * length, offset).reshape(rows, length)
-            # A copy unless asked not to: the slot is written again two steps later, while the caller may
+            # A copy unless asked not to: the slot is written again steps later, while the caller may
             # hold this batch.
             features[name] = array.copy() if copy else array
             offset += rows * length * 4
@@ -337,11 +340,12 @@ class ReadWorkers:
 
     def send(self, step: StepReads | PlannedStep) -> None:
         """Sends the next step (steps go out in order; their batches come back in the same order); at most
-        two per worker may be in flight (a worker writes its third step's batch where its first one is).
+        ``SLOTS_PER_WORKER`` per worker may be in flight (a worker writes the next one's batch where its first
+        one is).
 
         Workers started with ``local`` take a ``PlannedStep`` (its number is all that is sent), others the
         step's instructions."""
-        if self.in_flight >= _SLOTS * len(self._workers):
+        if self.in_flight >= SLOTS_PER_WORKER * len(self._workers):
             raise ReadWorkerError(
                 f"{self.in_flight} steps are in flight to {len(self._workers)} read workers, the most they hold: "
                 f"receive a batch before sending step {step.step}."
@@ -360,7 +364,8 @@ class ReadWorkers:
         """The batch of the oldest step sent and not yet received (``step``, as it was sent).
 
         With ``copy=False`` its arrays are read-only views of the worker's slot: intact until step
-        ``step.step + 2 * count`` is sent (that worker writes it into the same slot), and after ``close``."""
+        ``step.step + SLOTS_PER_WORKER * count`` is sent (that worker writes it into the same slot), and after
+        ``close``."""
         batch = self._workers[self._received % len(self._workers)].batch(step, copy)
         self._received += 1
         return batch
