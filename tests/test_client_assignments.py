@@ -108,6 +108,45 @@ def test_a_server_answer_that_does_not_hold_together_is_refused(root):
     server.close()
 
 
+# What a server from before encoding=compact answers it (FastAPI's validation error, taken from one at dbc6485).
+OLD_SERVER_422 = {"detail": [{"type": "literal_error", "loc": ["query", "encoding"], "msg": "Input should be 'ints' or "
+                              "'base64'", "input": "compact", "ctx": {"expected": "'ints' or 'base64'"}}]}  # fmt: skip
+
+
+@pytest.mark.parametrize("refused", ["encoding", "host"])
+def test_a_server_older_than_compact_is_asked_again_in_base64(root, refused):
+    import httpx
+
+    asked = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/runs/"):
+            body = {"plan": info.plan.to_dict(), "split": info.split, "fingerprint": info.fingerprint}
+            return httpx.Response(200, json=body)
+        asked.append(request.url.params["encoding"])
+        if request.url.params["encoding"] == "compact":
+            detail = [{**OLD_SERVER_422["detail"][0], "loc": ["query", refused]}]
+            return httpx.Response(422, json={"detail": detail})
+        envelope = {"run": "mix4", "fingerprint": info.plan.fingerprint_before(2), "split": info.split, "host": 0,
+                    "num_hosts": 4, "data_shard": 0, "num_data_shards": 4,
+                    "steps": [json.loads(to_json(good, "base64"))]}  # fmt: skip
+        return httpx.Response(200, json=envelope)
+
+    info = local(root).run_info()
+    (good,) = local(root).fetch(1, 1, HostSlice(0, 4))
+    server = ServerAssignments("http://test", "mix4", retry_seconds=1)
+    server._http = httpx.Client(base_url="http://test", transport=httpx.MockTransport(answer))
+    if refused == "host":  # a 422 about anything else is the server's answer: raised, never retried
+        with pytest.raises(AssignmentError, match="HTTP 422"):
+            server.fetch(1, 1, HostSlice(0, 4))
+        assert asked == ["compact"] and server.encoding == "compact"
+    else:
+        assert server.fetch(1, 1, HostSlice(0, 4)) == [good]
+        assert server.fetch(1, 1, HostSlice(0, 4)) == [good]
+        assert asked == ["compact", "base64", "base64"] and server.encoding == "base64"
+    server.close()
+
+
 def test_an_unknown_encoding_is_refused_naming_the_ones_there_are():
     with pytest.raises(AssignmentError, match="encoding must be 'compact' .the default., 'base64' or 'ints' but got 'hex'"):
         ServerAssignments("http://test", "mix4", encoding="hex")  # type: ignore[arg-type]

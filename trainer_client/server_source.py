@@ -3,8 +3,8 @@
 The run's plan comes from ``GET /runs/{name}``; its fingerprint, recomputed here, must equal the one
 the server states (client and server run the same index math version). Every ``/shards`` answer is
 checked against what was asked (run, fingerprint, data shard, steps), so a confused server or proxy
-can never make a host train on other steps than it asked for. Answers are asked for in ``encoding=compact``
-(``encoding="base64"`` for a server older than it). An answer's fingerprint covers the plan
+can never make a host train on other steps than it asked for. Answers are asked for in ``encoding=compact``;
+a server older than it refuses that parameter alone (422), and the client then asks in ``base64``. An answer's fingerprint covers the plan
 as far as it decides the answer's steps (``RunPlan.fingerprint_before``); when it is not this plan's,
 the plan is fetched again, and adopted if it differs only from the answer's first step on (a stage was
 appended ahead of this trainer): the trainer goes on under the new stage without a restart.
@@ -58,8 +58,7 @@ class ServerAssignments:
 
         if encoding not in ("ints", "base64", "compact"):
             raise AssignmentError(
-                f"encoding must be 'compact' (the default), 'base64' or 'ints' but got {encoding!r}; a server "
-                "older than encoding=compact answers 'base64'."
+                f"encoding must be 'compact' (the default), 'base64' or 'ints' but got {encoding!r}."
             )
         # compact: about a sixth of base64's bytes per answer, which is most of what a server spends on one.
         self.encoding = encoding
@@ -159,7 +158,12 @@ class ServerAssignments:
             "steps": count,
             "encoding": self.encoding,
         }
-        body = self._get("/shards", params)
+        try:
+            body = self._get("/shards", params)
+        except _CompactRefused:
+            # A server from before encoding=compact: the same reads in base64, from now on.
+            self.encoding = params["encoding"] = "base64"
+            body = self._get("/shards", params)
         where = f"/shards for run {self.run!r}, host slice {host_slice.index} of {host_slice.count}, steps {start}..{start + count - 1}"
         fingerprint = info.plan.fingerprint_before(start + count)
         if body.get("run") == self.run and isinstance(body.get("fingerprint"), str) and body["fingerprint"] != fingerprint:
@@ -218,6 +222,8 @@ class ServerAssignments:
                 if response.status_code == 200:
                     return response.json()
                 detail = _detail(response)
+                if response.status_code == 422 and params.get("encoding") == "compact" and _refuses_encoding(response):
+                    raise _CompactRefused(detail)
                 if response.status_code not in RETRY_STATUSES:
                     raise AssignmentError(
                         f"Server {self.url} refused GET {path} {params}: HTTP {response.status_code}: {detail}"
@@ -238,6 +244,18 @@ class ServerAssignments:
 
     def close(self) -> None:
         self._http.close()
+
+
+class _CompactRefused(Exception):
+    """A 422 that refuses the query's ``encoding`` alone: a server older than encoding=compact."""
+
+
+def _refuses_encoding(response: httpx.Response) -> bool:
+    try:
+        problems = response.json()["detail"]
+        return bool(problems) and all(p["loc"] == ["query", "encoding"] for p in problems)
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 class _PlanChanged(Exception):
