@@ -56,11 +56,12 @@ calls, it does not remove them (it saves only the ~6 us slice cut).
 
 ``encoding=compact`` (each column in its narrowest type, files named by a pattern) then cut an r64 answer from
 30,904 to 4,555 bytes and an r65536 one from 49,638 to 3,775, at the same JSON cost in one process (r64 slice:
-26.9 us against base64's 26.5; decoding it 228 us against 269). Under wrk it did not raise requests/s: r64
-together 39% of the trivial endpoint against base64's 43%, r65536 38% against 34%, distinct 24% / 22% against
-26% / 21% (load 1.5-2.4; rounds differ by +-20 us/request). The bytes were not what the server spends on an
-answer; the 86 us the profile put on the socket write is the write call and what it wakes, nearly the same
-for 4.5 KB as for 31 KB. What is left per request is Python: index math, the door, the event loop.
+26.9 us against base64's 26.5; decoding it 228 us against 269). Under wrk, in one run at load 0.7-1.9: together
+r64 48% of the trivial endpoint against base64's 47%, r65536 47% against 41%; distinct 26% / 25% against
+25% / 23%. An earlier run at load 1.5-2.4 gave 39% / 38% against 43% / 34% (rounds differ by +-20 us/request).
+Profiled (``--profile --encoding compact``, load 0.7-0.8), r64 together is 173 us/request: index math of the
+whole step 63, JSON 36, socket write 23, event loop 22, answer and door 24; distinct 318, of which one slice's
+index math 198. What is left per request is Python: index math first, then the door and the event loop.
 """
 
 from __future__ import annotations
