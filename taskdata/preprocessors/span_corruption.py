@@ -308,7 +308,7 @@ class SpanCorruption:
 
     def _generate(
         self, examples: Iterator[Example], ctx: ShardContext, raw_length: int, first_sentinel: int
-    ) -> Iterator[Example]:
+    ) -> Iterator[ExampleBatch]:
         documents = select_random_chunk(
             examples, ctx, feature="targets", max_length=self.max_chunk_tokens, stage=_STAGE
         )
