@@ -164,6 +164,7 @@ def test_encode_int_rows_is_encode_example_row_by_row():
         rows = int(rng.integers(0, 15))
         columns = {}
         for key, dtype, low, high in [("inputs", np.int32, 0, 32100), ("targets", np.int32, 0, 70_000),
+                                      ("small", np.int32, 1, 2**14), ("two_bytes", np.int16, 1, 2**15 - 1),
                                       ("provenance/origin", np.int64, 0, 2**40), ("z", np.int64, -(2**63), 2**63 - 1),
                                       ("b", np.uint16, 0, 2**16 - 1)]:
             lengths = rng.integers(0, 9, rows)
