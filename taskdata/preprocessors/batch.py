@@ -67,20 +67,17 @@ class Ragged:
 
     def appended(self, token: int, limit: int | None = None) -> Ragged:
         """Each row cut to at most ``limit`` tokens (None: not cut), then ``token`` appended to it."""
-        lengths = self.lengths
-        kept = lengths if limit is None else np.minimum(lengths, limit)
-        out_offsets = _offsets(kept + 1)
-        out = np.full(int(out_offsets[-1]), token, dtype=self.values.dtype)
-        # Position j of row i moves from offsets[i] + j to out_offsets[i] + j (j < kept[i]); the row's
-        # last place keeps the token. One gather, one scatter, whatever the number of rows.
-        shift = np.repeat(out_offsets[:-1] - self.offsets[:-1], kept)
-        if limit is None:
-            source = np.arange(self.values.size)
-        else:  # only the kept positions of each row
-            within = np.arange(int(kept.sum())) - np.repeat(_offsets(kept)[:-1], kept)
-            source = np.repeat(self.offsets[:-1], kept) + within
-        out[source + shift] = self.values[source]
-        return Ragged(out, out_offsets)
+        values, lengths = self.values, self.lengths
+        if limit is not None and (lengths > limit).any():
+            # Drop the positions from ``limit`` on in each longer row: +1 where such a run starts, -1 where it ends.
+            over = np.flatnonzero(lengths > limit)
+            marks = np.zeros(values.size + 1, dtype=np.int64)
+            np.add.at(marks, self.offsets[over] + limit, 1)
+            np.add.at(marks, self.offsets[over + 1], -1)
+            values = values[np.cumsum(marks[:-1]) == 0]
+            lengths = np.minimum(lengths, limit)
+        # One insert call: each token goes at the end of its row (empty rows included, in row order).
+        return Ragged(np.insert(values, _offsets(lengths)[1:], token), _offsets(lengths + 1))
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
