@@ -13,6 +13,7 @@ from taskdata.define.packing import Packing
 from taskdata.define.task import Task
 from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.metrics import sequence_accuracy
+from taskdata.preprocessors import AppendEosAfterTrim, Rekey, SpanCorruption, Tokenize
 from taskdata.preprocessors.base import Example, ShardContext
 from taskdata.sources import C4Source, FunctionSource, TextLineSource
 
@@ -90,6 +91,11 @@ def register_tasks(registry) -> None:
     # Decoder-only: targets alone, packed into rows of 128 (the LM layout).
     registry.add(Task("toy_lm", FunctionSource(synthetic_documents, SPLITS), [EncodeText(), TargetsOnly()],
                       {"targets": FEATURES["targets"]}, packing=Packing({"targets": 128})))
+    # T5's span corruption over bytes in chunks of 52 tokens (3 noise spans each): the cache job makes
+    # these records in columns (ExampleBatch).
+    registry.add(Task("toy_span", FunctionSource(synthetic_documents, SPLITS),
+                      [Rekey({"inputs": None, "targets": "text"}), Tokenize(), SpanCorruption(concat_batch_size=8),
+                       AppendEosAfterTrim()], FEATURES, sequence_length={"inputs": 48, "targets": 12}))
     registry.add(Task("toy_lengths", FunctionSource(synthetic_documents, SPLITS), [EncodeText(), RandomCrop()],
                       FEATURES, sequence_length=SEQUENCE_LENGTHS))
 

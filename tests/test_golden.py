@@ -116,3 +116,29 @@ def test_shards_bodies_are_pinned(golden, step, encoding):
     assert response.status_code == 200, response.text
     body = _normalised(response.content, root, dirs)
     assert hashlib.sha256(body).hexdigest() == SHARDS_BODY_SHA256.get(f"{step}/{encoding}"), body[:400]
+
+
+# Span corruption's records, made in columns (ExampleBatch, issue 21): pinned from the per-example code
+# before the column path existed (commit 330c874), so the column path is shown to write the same bytes.
+SPAN_SHARD_SHA256 = [
+    "46a58cceef9a5d8af2c31c314e0b0fcfad315f23e66f107a80747fb64003698e",
+    "38daadc865abaffd087f1d6d0fea2e4056f68286217dc607a395d4714ae33358",
+    "37cf0f6a1a40ba64b99114b38b32b724c659d013ced113fa6112b12cf5991a80",
+]
+
+
+def test_span_corruption_shards_are_pinned_in_columns_and_example_by_example(tmp_path, monkeypatch):
+    from taskdata.beam import pipeline
+
+    columns = build(tmp_path / "columns", task="toy_span", num_shards=3, splits=("train",)).version_dir
+    assert _shard_hashes(columns) == SPAN_SHARD_SHA256
+    other_seed = build(tmp_path / "seed1", task="toy_span", num_shards=3, splits=("train",), seed=1).version_dir
+    assert set(_shard_hashes(other_seed)).isdisjoint(SPAN_SHARD_SHA256)  # the pin is not of something seedless
+    monkeypatch.setattr(pipeline, "_runs_in_columns", lambda task: False)
+
+    def no_columns(*args):
+        raise AssertionError("the column path ran")
+
+    monkeypatch.setattr(pipeline, "encode_cache_records", no_columns)
+    rows = build(tmp_path / "rows", task="toy_span", num_shards=3, splits=("train",)).version_dir
+    assert _shard_hashes(rows) == SPAN_SHARD_SHA256

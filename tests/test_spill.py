@@ -86,3 +86,16 @@ def test_a_duplicate_key_found_while_a_shard_streams_in_leaves_no_half_written_f
     # Negative control: without the duplicate, the same call writes the shard and its offsets.
     write_output_shard(spec, "train", 0, [s.to_tuple() for _, s in _spilled(tmp_path, records, num_shards=1)])
     assert sorted(os.listdir(version)) == ["_tmp", "index", "train.tfrecord-00000-of-00001"]
+
+
+def test_each_destination_starts_at_the_first_key_shard_of_key_gives_it():
+    from taskdata.beam.spill import _first_keys
+    from taskdata.cache.shuffle import shard_of_key
+
+    for num_shards in (1, 2, 3, 7, 1000, 65536):
+        firsts = _first_keys(num_shards).tolist()
+        assert firsts[0] == 0 and len(firsts) == num_shards
+        for dest, key in enumerate(firsts):
+            assert shard_of_key(key, num_shards) == dest
+            if dest:
+                assert shard_of_key(key - 1, num_shards) == dest - 1

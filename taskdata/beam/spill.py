@@ -19,7 +19,6 @@ from typing import IO
 import numpy as np
 
 from taskdata import fs
-from taskdata.cache.shuffle import shard_of_key
 
 __all__ = ["Segment", "SpillWriter", "merge_segments", "read_segment"]
 
@@ -73,28 +72,40 @@ class SpillWriter:
         keys = np.array(self._keys, dtype=np.uint64)
         # Sorting by key also sorts by destination, because destinations are key ranges.
         order = np.argsort(keys, kind="stable")
+        sorted_keys = keys[order]
         path = f"{self._prefix}-part{self._parts:04d}.spill"
+        records = self._records
+        lengths = np.fromiter((len(records[i]) for i in order.tolist()), dtype=np.int64, count=order.size)
+        headers = np.empty(order.size, dtype=_ENTRY_DTYPE)
+        headers["key"], headers["length"] = sorted_keys, lengths
+        header_bytes = headers.tobytes()
+        size = _ENTRY_HEADER.size
         chunks: list[bytes] = []
-        offset = 0
-        current, start, count = -1, 0, 0
-        for i in order.tolist():
-            key = int(keys[i])
-            dest = shard_of_key(key, self._num_shards)
-            if dest != current:
-                if count:
-                    self.segments.append((current, Segment(path, start, offset, count)))
-                current, start, count = dest, offset, 0
-            record = self._records[i]
-            chunks.append(_ENTRY_HEADER.pack(key, len(record)))
-            chunks.append(record)
-            offset += _ENTRY_HEADER.size + len(record)
-            count += 1
-        if count:
-            self.segments.append((current, Segment(path, start, offset, count)))
+        for n, i in enumerate(order.tolist()):
+            chunks.append(header_bytes[n * size:(n + 1) * size])
+            chunks.append(records[i])
+        # Each destination's entries are one run of the sorted keys; its segment is that run's byte range.
+        ends = np.zeros(order.size + 1, dtype=np.int64)
+        np.cumsum(lengths + size, out=ends[1:])
+        runs = [*np.searchsorted(sorted_keys, _first_keys(self._num_shards), side="left").tolist(), order.size]
+        for dest in range(self._num_shards):
+            first, last = runs[dest], runs[dest + 1]
+            if last > first:
+                self.segments.append((dest, Segment(path, int(ends[first]), int(ends[last]), last - first)))
         # Deterministic content under a deterministic name: a retried worker rewrites the same bytes.
         fs.write_atomic(path, b"".join(chunks))
         self._parts += 1
         self._keys, self._records, self._buffered = [], [], 0
+
+
+_ENTRY_DTYPE = np.dtype([("key", "<u8"), ("length", "<u4")])
+assert _ENTRY_DTYPE.itemsize == _ENTRY_HEADER.size
+
+
+def _first_keys(num_shards: int) -> np.ndarray:
+    """The smallest key of each destination shard: ``taskdata.cache.shuffle.shard_of_key(key, n) == d`` from
+    ``ceil(d * 2**64 / n)`` on (tests check the two agree)."""
+    return np.array([-(-(d << 64) // num_shards) for d in range(num_shards)], dtype=np.uint64)
 
 
 def read_segment(segment: Segment, chunk_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes]]:

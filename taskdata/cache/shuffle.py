@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import struct
 
 from taskdata.seeding import seed_hasher, stable_id_bytes
 
-__all__ = ["shard_of_key", "shuffle_key"]
+__all__ = ["shard_of_key", "shuffle_key", "shuffle_keys"]
 
 
 def shuffle_key(seed: int, task: str, split: str, source_shard: int, ordinal: int) -> int:
@@ -22,6 +23,20 @@ def shuffle_key(seed: int, task: str, split: str, source_shard: int, ordinal: in
     hasher = _source_shard_hasher(seed, task, split, source_shard).copy()
     hasher.update(stable_id_bytes(ordinal))
     return int.from_bytes(hasher.digest(), "little")
+
+
+def shuffle_keys(seed: int, task: str, split: str, source_shard: int, first_ordinal: int, count: int) -> list[int]:
+    """``shuffle_key`` of examples ``first_ordinal``, ``first_ordinal + 1``, ... (``count`` of them)."""
+    prefix = _source_shard_hasher(seed, task, split, source_shard)
+    keys = []
+    for ordinal in range(first_ordinal, first_ordinal + count):
+        hasher = prefix.copy()
+        hasher.update(b"i" + _INT64.pack(ordinal))  # stable_id_bytes(ordinal), without its checks per example
+        keys.append(int.from_bytes(hasher.digest(), "little"))
+    return keys
+
+
+_INT64 = struct.Struct("<q")
 
 
 # The cache job keys every example of a source shard in a row: the hash of their common prefix is kept.

@@ -41,6 +41,17 @@ class FeatureStats:
             if isinstance(value, str):
                 self.chars[key] += len(value)
 
+    def add_lengths(self, examples: int, lengths: Mapping[str, np.ndarray]) -> None:
+        """``add`` for ``examples`` examples at once, given each token feature's lengths (one per example)."""
+        self.examples += examples
+        for key, n in lengths.items():
+            if n.size == 0:
+                continue
+            self.tokens[key] += int(n.sum())
+            self.max_tokens[key] = max(int(n.max()), self.max_tokens.get(key, -1))
+            counts, occurrences = np.unique(n, return_counts=True)
+            self.histograms[key].update(dict(zip(counts.tolist(), occurrences.tolist(), strict=True)))
+
     def merge(self, other: FeatureStats) -> None:
         self.examples += other.examples
         self.tokens.update(other.tokens)

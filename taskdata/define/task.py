@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ from taskdata.define.packing import Packing
 from taskdata.fingerprint import describe, fingerprint
 from taskdata.names import validate_name
 from taskdata.preprocessors.base import Example, ShardContext
+from taskdata.preprocessors.batch import ExampleBatch
 from taskdata.sources.base import Source
 
 __all__ = ["OutputFeatureError", "PreprocessingError", "Task"]
@@ -158,13 +160,7 @@ class Task:
         shard with no source records at all is an error too (an empty or zero-byte file is more often
         a broken export than an intended one) unless ``allow_empty`` or the source allows empty shards.
         """
-        where = _Where(self.name, ctx.split, ctx.shard_index, shard)
-        source = _Counted(_with_source_index(self.source.read_shard(ctx.split, shard)))
-        stream: Iterator[Example] = where.guard(source, "reading the source", source, source)
-        for number, preprocessor in enumerate(self.preprocessors, start=1):
-            inputs = _Counted(stream)
-            stage = f"preprocessor {number} of {len(self.preprocessors)} ({_stage_name(preprocessor)})"
-            stream = where.guard(preprocessor(inputs, ctx), stage, inputs, source)
+        where, source, stream = self._examples(ctx, shard, len(self.preprocessors))
         for produced, example in enumerate(stream):
             try:
                 self.check_example(example)
@@ -172,6 +168,66 @@ class Task:
                 raise where.error("checking the output features",
                                   f"example {produced} of the shard ({source.count} source records read)", e) from e
             yield example
+        self._check_read(where, source, ctx, shard, allow_empty)
+
+    def batch_start(self) -> int | None:
+        """The preprocessor from which ``process_shard_batches`` runs in columns, or None if it cannot.
+
+        That is the last one with a ``to_batches`` form (``taskdata.preprocessors.batch``), if every one
+        after it has a ``map_batches`` form.
+        """
+        for number in range(len(self.preprocessors) - 1, -1, -1):
+            preprocessor = self.preprocessors[number]
+            if hasattr(preprocessor, "to_batches"):
+                return number
+            if not hasattr(preprocessor, "map_batches"):
+                return None
+        return None
+
+    def process_shard_batches(self, ctx: ShardContext, shard: str, *, allow_empty: bool = False,
+                              ) -> Iterator[ExampleBatch]:
+        """``process_shard``'s examples, in the same order, in columns (``ExampleBatch``): the preprocessors
+        before ``batch_start()`` run per example, the rest on batches. The same checks, the same errors
+        (a later stage's names the batch it failed on). Only for tasks whose ``batch_start()`` is not None.
+        """
+        start = self.batch_start()
+        if start is None:
+            raise ValueError(f"Task {self.name!r} has no batch form: its last preprocessors are not one with "
+                             "to_batches followed only by ones with map_batches. Use process_shard.")
+        where, source, examples = self._examples(ctx, shard, start)
+        inputs = _Counted(examples)
+        batches: Iterator[ExampleBatch] = where.guard(
+            self.preprocessors[start].to_batches(inputs, ctx), self._stage(start), inputs, source)
+        for number in range(start + 1, len(self.preprocessors)):
+            batch_inputs = _Counted(batches)
+            batches = where.guard(self.preprocessors[number].map_batches(batch_inputs, ctx), self._stage(number),
+                                  batch_inputs, source, unit="batch")
+        produced = 0
+        for batch in batches:
+            try:
+                self.check_batch(batch)
+            except _RowError as e:
+                raise where.error("checking the output features",
+                                  f"example {produced + e.row} of the shard ({source.count} source records read)",
+                                  e.error) from e.error
+            produced += len(batch)
+            yield batch
+        self._check_read(where, source, ctx, shard, allow_empty)
+
+    def _examples(self, ctx: ShardContext, shard: str, stages: int) -> tuple[_Where, _Counted, Iterator[Example]]:
+        """(where, the counted source records, the stream after the first ``stages`` preprocessors)."""
+        where = _Where(self.name, ctx.split, ctx.shard_index, shard)
+        source = _Counted(_with_source_index(self.source.read_shard(ctx.split, shard)))
+        stream: Iterator[Example] = where.guard(source, "reading the source", source, source)
+        for number in range(stages):
+            inputs = _Counted(stream)
+            stream = where.guard(self.preprocessors[number](inputs, ctx), self._stage(number), inputs, source)
+        return where, source, stream
+
+    def _stage(self, number: int) -> str:
+        return f"preprocessor {number + 1} of {len(self.preprocessors)} ({_stage_name(self.preprocessors[number])})"
+
+    def _check_read(self, where: _Where, source: _Counted, ctx: ShardContext, shard: str, allow_empty: bool) -> None:
         if source.count == 0 and not (allow_empty or self.source.allows_empty_shards):
             raise PreprocessingError(
                 f"{where}: the source shard holds no records ({self.source.describe_shard(shard)}). Remove it if it "
@@ -218,17 +274,52 @@ class Task:
                 )
 
 
+    def check_batch(self, batch: ExampleBatch) -> None:
+        """``check_example`` for every row of ``batch``, in columns: raises ``_RowError`` with the first failing
+        row and the error ``check_example`` gives for it."""
+        rows = len(batch)
+        bad = rows
+        for key, feature in self.output_features.items():
+            column = batch.tokens.get(key)
+            if column is None:
+                if key in batch.meta or feature.required:  # the row check says what is wrong
+                    bad = 0
+                continue
+            limit = (self.sequence_length or {}).get(key)
+            if feature.rank != 1 or column.values.dtype.kind not in "iufcm":
+                bad = 0
+            elif limit is not None and rows:
+                over = np.flatnonzero(column.lengths > limit)
+                if over.size:
+                    bad = min(bad, int(over[0]))
+        if bad < rows:
+            row = next(itertools.islice(batch.rows(), bad, None))
+            try:
+                self.check_example(row)
+            except OutputFeatureError as e:
+                raise _RowError(bad, e) from e
+            raise AssertionError(f"check_batch found row {bad} of a batch wrong but check_example accepts it")
+
+
+class _RowError(Exception):
+    """A batch's row ``row`` that fails ``check_example`` with ``error``."""
+
+    def __init__(self, row: int, error: OutputFeatureError):
+        super().__init__(row, error)
+        self.row = row
+        self.error = error
+
 class _Counted:
     """An iterator that counts what has been taken from it (the ordinal of the example a stage is on)."""
 
-    def __init__(self, items: Iterator[Example]):
+    def __init__(self, items: Iterator[Any]):
         self._items = iter(items)
         self.count = 0
 
     def __iter__(self) -> _Counted:
         return self
 
-    def __next__(self) -> Example:
+    def __next__(self) -> Any:
         item = next(self._items)
         self.count += 1
         return item
@@ -243,9 +334,11 @@ class _Where:
     shard_index: int
     shard: str
 
-    def guard(self, stream: Iterator[Example], stage: str, inputs: _Counted, source: _Counted) -> Iterator[Example]:
+    def guard(self, stream: Iterator[Any], stage: str, inputs: _Counted, source: _Counted, unit: str = "example",
+              ) -> Iterator[Any]:
         """``stream``, with an exception raised by this stage (not one passed up from an earlier stage,
-        which that stage's guard has already placed) re-raised as a PreprocessingError."""
+        which that stage's guard has already placed) re-raised as a PreprocessingError. ``unit``: what the
+        stage takes in (an example, or a batch of them)."""
         try:
             yield from stream
         except PreprocessingError:
@@ -254,7 +347,7 @@ class _Where:
             if inputs is source:
                 position = f"record {source.count} of the shard"
             else:
-                example = f"its input example {inputs.count - 1}" if inputs.count else "before its first input example"
+                example = f"its input {unit} {inputs.count - 1}" if inputs.count else f"before its first input {unit}"
                 position = f"{example} ({source.count} source records read)"
             raise self.error(stage, position, e) from e
 

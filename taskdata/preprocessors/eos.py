@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from taskdata.preprocessors.base import Example, ShardContext
+from taskdata.preprocessors.batch import ExampleBatch
 
 __all__ = ["AppendEos", "AppendEosAfterTrim", "append_to_innermost_axis"]
 
@@ -78,3 +79,23 @@ class AppendEosAfterTrim:
                     value = value[..., : length - 1]
                 out[key] = append_to_innermost_axis(value, eos_id)
             yield out
+
+    def map_batches(self, batches: Iterator[ExampleBatch], ctx: ShardContext) -> Iterator[ExampleBatch]:
+        """``__call__`` on columns (``taskdata.preprocessors.batch``): the same rows, the same counts."""
+        features = [(key, eos_id, ctx.sequence_length.get(key)) for key, eos_id in _eos_features(ctx)]
+        for batch in batches:
+            tokens = {}
+            for key, eos_id, length in features:
+                column = batch.tokens.get(key)
+                if column is None:  # as __call__: a feature the examples lack is left alone
+                    continue
+                limit = None
+                if length is not None:
+                    over = column.lengths - (length - 1)
+                    trimmed = int(np.count_nonzero(over > 0))
+                    if trimmed:
+                        ctx.count(f"append_eos_after_trim/{key}_examples_trimmed", trimmed)
+                        ctx.count(f"append_eos_after_trim/{key}_tokens_trimmed", int(over[over > 0].sum()))
+                        limit = length - 1
+                tokens[key] = column.appended(eos_id, limit)
+            yield batch.replace_tokens(tokens)

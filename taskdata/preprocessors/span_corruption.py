@@ -32,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from taskdata.preprocessors.base import Example, ShardContext
+from taskdata.preprocessors.batch import ExampleBatch, Ragged
 from taskdata.preprocessors.chunking import (
     ChunkBatch,
     reduce_concat_tokens,
@@ -265,6 +266,11 @@ class SpanCorruption:
         return random_spans_helper(inputs_length, self.noise_density, self.mean_noise_span_length)
 
     def __call__(self, examples: Iterator[Example], ctx: ShardContext) -> Iterator[Example]:
+        batches = self.to_batches(examples, ctx)  # checks the configuration now, before any example is read
+        return (example for batch in batches for example in batch.rows())
+
+    def to_batches(self, examples: Iterator[Example], ctx: ShardContext) -> Iterator[ExampleBatch]:
+        """The examples of ``__call__`` in columns (``taskdata.preprocessors.batch``), a window of chunks each."""
         inputs_length = required_length(ctx, "inputs", "SpanCorruption")
         targets_have = required_length(ctx, "targets", "SpanCorruption")
         raw_length, targets_length = self.lengths(inputs_length)
@@ -302,7 +308,7 @@ class SpanCorruption:
 
     def _generate(
         self, examples: Iterator[Example], ctx: ShardContext, raw_length: int, first_sentinel: int
-    ) -> Iterator[Example]:
+    ) -> Iterator[ExampleBatch]:
         documents = select_random_chunk(
             examples, ctx, feature="targets", max_length=self.max_chunk_tokens, stage=_STAGE
         )
@@ -310,10 +316,10 @@ class SpanCorruption:
         key = stream_key(ctx, f"{_STAGE}/noise_mask")
         batches = split_tokens(groups, length=raw_length)
         while window := _take_rows(batches, _WINDOW_ROWS):
-            yield from self._corrupt_window(window, key, first_sentinel)
+            yield self._corrupt_window(window, key, first_sentinel)
 
-    def _corrupt_window(self, window: list[ChunkBatch], key: int, first_sentinel: int) -> Iterator[Example]:
-        """Corrupts the chunks of ``window`` with one ``_corrupt`` call per chunk length; yields in order."""
+    def _corrupt_window(self, window: list[ChunkBatch], key: int, first_sentinel: int) -> ExampleBatch:
+        """Corrupts the chunks of ``window`` with one ``_corrupt`` call per chunk length; rows in chunk order."""
         by_length: dict[int, list[int]] = {}
         for index, batch in enumerate(window):
             by_length.setdefault(batch.tokens.shape[1], []).append(index)
@@ -333,17 +339,19 @@ class SpanCorruption:
             for index, batch in zip(indices, batches, strict=True):
                 results[index] = (inputs, targets, offset)
                 offset += batch.tokens.shape[0]
+        inputs_rows, targets_rows = [], []
         for index, batch in enumerate(window):
             inputs, targets, offset = results[index]
-            for row, (first, last) in enumerate(
-                zip(batch.source_first.tolist(), batch.source_last.tolist(), strict=True), start=offset
-            ):
-                yield {
-                    "inputs": inputs[row],
-                    "targets": targets[row],
-                    "_source_first": first,
-                    "_source_last": last,
-                }
+            end = offset + batch.tokens.shape[0]
+            inputs_rows.append(inputs[offset:end])
+            targets_rows.append(targets[offset:end])
+        return ExampleBatch(
+            {"inputs": Ragged.from_matrices(inputs_rows), "targets": Ragged.from_matrices(targets_rows)},
+            {
+                "_source_first": np.concatenate([b.source_first for b in window]).astype(np.int64, copy=False),
+                "_source_last": np.concatenate([b.source_last for b in window]).astype(np.int64, copy=False),
+            },
+        )
 
 
 def _take_rows(batches: Iterator[ChunkBatch], rows: int) -> list[ChunkBatch]:
