@@ -38,14 +38,16 @@ def tree_rss(root: int) -> tuple[int, int]:
     return sum(sizes), max(sizes, default=0)
 
 
-def run_measured(command: list[str], env: dict[str, str], *, what: str, sample_rss: bool = True) -> dict:
+def run_measured(command: list[str], env: dict[str, str], *, what: str, sample_rss: bool = True,
+                 cwd: str | None = None) -> dict:
     """Runs ``command`` to its end: ``seconds`` (wall), ``cpu`` (user + system of it and every descendant),
     ``stdout``, ``stderr`` and, with ``sample_rss``, ``peak_tree_rss`` and ``peak_process_rss`` (bytes,
     sampled every 0.1 s; without it nothing runs beside the job). A failed job ends the bench, naming
-    ``what`` and showing the end of its stderr."""
+    ``what`` and showing the end of its stderr. ``cwd``: the folder it runs in (``python -m`` and ``-c`` put it
+    first on ``sys.path``, before ``PYTHONPATH``: run another checkout's code from inside that checkout)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     peaks = [0, 0]
     done = threading.Event()
 

@@ -18,6 +18,15 @@ is recorded around every run (the machine is shared). The caches of every mode a
 byte-identical (their manifests' shard digests are compared), or the bench fails.
 
     PYTHONPATH=. python bench/bench_job_floor.py --sizes 20000 100000 --rounds 3 [--baseline DIR] [--write]
+
+``--thread-clocks N`` measures instead where the job's own Python time goes, which the machine's load
+disturbs far less than wall time: ``preprocess_source_shard`` (the task, the records, the spill files; no
+Beam) over the first N source files of the 100k corpus, in a subprocess per run, for this tree and for
+``--baseline`` in alternating rounds; reported per example: the CPU time of the thread that runs the
+preprocessors (``time.thread_time``) and of the whole process (the tokenizer's and the reader's helper
+threads too), with the run's wall time::
+
+    PYTHONPATH=. python bench/bench_job_floor.py --thread-clocks 6 --rounds 3 --baseline DIR [--write]
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import os
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -93,19 +103,98 @@ def run_floor(corpus_dir: str, workers: int, vocab: str) -> dict:
     return {**run, **json.loads(run["stdout"].strip().splitlines()[-1])}
 
 
+def _imported_from(source: str, env: dict[str, str]) -> str:
+    """The checkout whose ``taskdata`` a process started as the job is gets (as run_job starts it)."""
+    done = subprocess.run([sys.executable, "-c", "import os, taskdata; print(os.path.dirname(os.path.dirname("
+                           "os.path.realpath(taskdata.__file__))))"], env=env, cwd=source, capture_output=True,
+                          text=True, check=True)
+    return done.stdout.strip()
+
+
 def run_job(corpus_dir: str, output: str, beam_args: list[str], vocab: str, source: str) -> dict:
     """The job of the taskdata source tree ``source`` (this one, or a --baseline checkout)."""
     shutil.rmtree(output, ignore_errors=True)
     env = dict(os.environ, TASKDATA_VOCAB=vocab, PYTHONPATH=source)
     command = [sys.executable, "-m", "taskdata", "cache", "--task", "c4_span_corruption", "--c4-dir", corpus_dir,
                "--output", output, "--force", "--quiet", "--", *beam_args]
-    run = run_measured(command, env, what="cache job")
+    # Run from inside ``source``: ``python -m`` puts the current folder first on sys.path, before PYTHONPATH, and
+    # Beam's worker processes start the same way (until 2026-11-26 this ran every "before" with this tree's code).
+    run = run_measured(command, env, what="cache job", cwd=source)
+    if _imported_from(source, env) != os.path.realpath(source):
+        raise SystemExit(f"the job did not run the code of {source}")
     manifest = json.loads(Path(run["stdout"].strip().splitlines()[-1], "manifest.json").read_text())
     digests = tuple(shard["sha256"] for split in sorted(manifest["splits"])
                     for shard in manifest["splits"][split]["shards"])
     examples = sum(s["num_records"] for s in manifest["splits"].values())
     shutil.rmtree(output, ignore_errors=True)
     return {**run, "digests": digests, "examples": examples}
+
+
+# One --thread-clocks run, as its own process with the code of the checkout it runs in (``-c`` puts the current
+# folder first on sys.path): the first N train files through preprocess_source_shard. Arguments: corpus folder, N,
+# vocabulary, scratch folder.
+_CLOCKS_CHILD = """
+import json, os, sys, time
+from pathlib import Path
+from taskdata.beam.pipeline import CacheJobSpec, preprocess_source_shard
+from taskdata.config import Config
+from taskdata.tasks import default_registry
+
+corpus_dir, files, vocab, scratch = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+task = default_registry(Config(c4_dir=corpus_dir, vocab=vocab)).get_task("c4_span_corruption")
+paths = sorted(str(p) for p in Path(corpus_dir).glob("c4-train.*.json.gz"))[:files]
+spec = CacheJobSpec(task=task.name, task_fingerprint=task.fingerprint(), modules=(), config=("", None, None), seed=0,
+                    version_dir=os.path.join(scratch, "v"), tmp_dir=os.path.join(scratch, "t"),
+                    num_shards=(("train", 4), ("validation", 2)))
+wall, thread, process = time.perf_counter(), time.thread_time(), time.process_time()
+for index, path in enumerate(paths):
+    for _ in preprocess_source_shard(spec, "train", index, path, task):
+        pass
+wall, thread, process = time.perf_counter() - wall, time.thread_time() - thread, time.process_time() - process
+examples = sum(json.loads(p.read_text())["examples"] for p in Path(spec.tmp_dir, "results", "sources").glob("*.json"))
+import taskdata
+print(json.dumps({"wall": wall, "thread": thread, "process": process, "examples": examples,
+                  "tree": os.path.dirname(os.path.dirname(os.path.realpath(taskdata.__file__)))}))
+"""
+
+
+def thread_clocks(files: int, rounds: int, baseline: str | None, write: bool) -> None:
+    vocab = corpus.ensure_builtin_vocabulary()
+    corpus_dir = os.path.join(OUT, "corpus-100000")
+    if not os.path.exists(os.path.join(corpus_dir, "CORPUS.json")):
+        corpus.build_corpus(corpus_dir, **corpus_params(100000))
+    sources = {"this tree": os.getcwd(), **({f"before ({baseline})": baseline} if baseline else {})}
+    runs: dict[str, list[dict]] = {name: [] for name in sources}
+    loads = [os.getloadavg()[0]]
+    for round_ in range(rounds):
+        for name in (list(sources) if round_ % 2 == 0 else list(sources)[::-1]):
+            scratch = os.path.join(OUT, "thread-clocks")
+            shutil.rmtree(scratch, ignore_errors=True)
+            env = dict(os.environ, PYTHONPATH=sources[name])
+            run = run_measured([sys.executable, "-c", _CLOCKS_CHILD, corpus_dir, str(files), vocab, scratch], env,
+                               what="thread clocks", sample_rss=False, cwd=sources[name])
+            shutil.rmtree(scratch, ignore_errors=True)
+            result = json.loads(run["stdout"].strip().splitlines()[-1])
+            if result["tree"] != os.path.realpath(sources[name]):
+                raise SystemExit(f"the run meant for {sources[name]} imported taskdata from {result['tree']}")
+            loads.append(os.getloadavg()[0])
+            runs[name].append(result)
+            print(f"round {round_ + 1} {name}: {result}", flush=True)
+    examples = runs["this tree"][0]["examples"]
+    if any(r["examples"] != examples for rs in runs.values() for r in rs):
+        raise SystemExit("the runs made different numbers of examples")
+    lines = [f"`preprocess_source_shard` over the first {files} train files of the 100k corpus ({examples:,} examples), "
+             "a subprocess per run"]
+    for name, rs in runs.items():
+        med = {key: statistics.median(r[key] for r in rs) for key in ("wall", "thread", "process")}
+        lines.append(f"{name}: the preprocessing thread {med['thread'] / examples * 1e6:.1f} CPU-us per example, the "
+                     f"process {med['process'] / examples * 1e6:.1f} (tokenizer and reader threads included), wall "
+                     f"{med['wall']:.2f} s (threads: " + ", ".join(f"{r['thread'] / examples * 1e6:.1f}" for r in rs) + ")")
+    lines.append(f"medians of {rounds} alternating rounds; 1-minute load average before and after each run: "
+                 f"{', '.join(f'{x:.1f}' for x in loads)}")
+    print("\n".join(lines))
+    if write:
+        write_section("Cache job: the preprocessing thread's clock", lines)
 
 
 def main() -> None:
@@ -119,7 +208,12 @@ def main() -> None:
     parser.add_argument("--baseline", help="also run the job of this taskdata source tree (e.g. an earlier commit "
                         "from 'git archive COMMIT | tar -x -C DIR') in every round, as 'before'")
     parser.add_argument("--write", action="store_true", help="write the figures into BENCHMARKS.md")
+    parser.add_argument("--thread-clocks", type=int, metavar="FILES",
+                        help="measure the preprocessing thread's CPU per example over FILES source files instead")
     args = parser.parse_args()
+    if args.thread_clocks:
+        thread_clocks(args.thread_clocks, args.rounds, args.baseline, args.write)
+        return
     if args.write and (args.modes != list(MODES) or sorted(args.sizes) != [20000, 100000]):
         raise SystemExit("--write records the full comparison: both modes at --sizes 20000 100000")
     vocab = corpus.ensure_builtin_vocabulary()
