@@ -23,11 +23,12 @@ from typing import Protocol
 
 import numpy as np
 
-from taskdata.index.arrays import example_arrays, fits_int64
+from taskdata.index.arrays import fits_int64
 from taskdata.index.assign import examples_at, read_runs, slice_positions
 from taskdata.index.errors import PlanError
 from taskdata.index.plan import RunPlan, data_shard_for_host
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, StepReads, assemble
+from taskdata.index.task_runs import task_runs
 
 __all__ = ["RunTables", "ShardTable", "StepSlices", "host_slice_for", "step_reads", "step_slices"]
 
@@ -95,7 +96,7 @@ class StepSlices:
     """The reads of a step cut into ``count`` equal consecutive host slices; ``slices[i]`` is slice ``i``.
 
     ``columns`` has one row per name of ``READ_COLUMNS`` and one column per read. The reads of slice
-    ``p`` and task ``t`` are columns ``bounds[g]`` to ``bounds[g + 1]``, ``g = p * num_tasks + t``;
+    ``p`` and task ``t`` are columns ``bounds[g]`` to ``bounds[g + 1]``, ``g = t * count + p``;
     the shards they read, ascending, are ``file_shards[file_bounds[g]:file_bounds[g + 1]]``. ``order``
     holds every example's task index; slice ``p``'s are ``order[p * per_slice:(p + 1) * per_slice]``.
     """
@@ -119,7 +120,6 @@ class StepSlices:
     def __getitem__(self, index: int) -> StepReads:
         if not 0 <= index < self.count:
             raise IndexError(f"Step {self.step} has {self.count} host slices; there is no slice {index}.")
-        num_tasks = len(self.files)
         bounds, file_bounds, columns, file_shards = (
             self.bounds,
             self.file_bounds,
@@ -128,7 +128,7 @@ class StepSlices:
         )
         tasks = []
         for t, files in enumerate(self.files):
-            g = index * num_tasks + t
+            g = t * self.count + index
             tasks.append(
                 (
                     files,
@@ -175,9 +175,8 @@ def _compute(tables: RunTables, step: int, positions: range, parts: int) -> Step
         runs = (np.zeros(parts * num_tasks + 1, np.int64), nothing, nothing, nothing)
         order = nothing
     elif fits_int64(plan, positions):
-        arrays = example_arrays(plan, positions)
-        runs = arrays.grouped_runs(parts, num_tasks)
-        order = arrays.tasks
+        bounds, shards, firsts, counts, order = task_runs(plan, positions, parts)
+        runs = (bounds, shards, firsts, counts)
     else:
         runs, order = _scalar_runs(plan, positions, parts)
     return _from_runs(tables, step, skipped, positions.start, size // parts, parts, runs, order)
@@ -186,13 +185,13 @@ def _compute(tables: RunTables, step: int, positions: range, parts: int) -> Step
 def _scalar_runs(
     plan: RunPlan, positions: range, parts: int
 ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
-    """``grouped_runs`` and the task order by the exact scalar chain, for positions beyond int64.
+    """``task_runs`` by the exact scalar chain, for positions beyond int64.
 
     Shards and records are small numbers whatever the position.
     """
     index = {name: i for i, name in enumerate(plan.task_names)}
     per_slice = len(positions) // parts
-    groups: list[list[list[int]]] = []
+    groups: list = []
     order: list[int] = []
     for part in range(parts):
         first = positions.start + part * per_slice
@@ -207,7 +206,9 @@ def _scalar_runs(
                 reads[-1][2] += run.count
             else:
                 reads.append([run.shard, run.first_record, run.count])
-        groups += per_task
+        groups.append(per_task)
+    # Task-major, as task_runs groups them.
+    groups = [groups[part][t] for t in range(len(plan.task_names)) for part in range(parts)]
     table = np.array([r for reads in groups for r in reads], np.int64).reshape(-1, 3)
     bounds = np.cumsum([0] + [len(reads) for reads in groups])
     return (bounds, table[:, 0], table[:, 1], table[:, 2]), np.array(order, np.int64)
@@ -223,18 +224,17 @@ def _from_runs(
     runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     order: np.ndarray,
 ) -> StepSlices:
-    """From grouped read runs ``(bounds, shards, first_records, counts)`` (as ``grouped_runs`` gives)."""
+    """From read runs grouped task-major ``(bounds, shards, first_records, counts)`` (as ``task_runs`` gives)."""
     bounds, shards, firsts, counts = runs
-    num_tasks = len(tables.tables)
-    groups = parts * num_tasks
+    groups = parts * len(tables.tables)
     group_of_run = np.repeat(np.arange(groups), np.diff(bounds))
     # Little-endian int64 rows: a row's slice is already the bytes encoding=base64 writes.
     columns = np.empty((len(READ_COLUMNS), len(shards)), "<i8")
     columns[0], columns[1], columns[2] = shards, firsts, counts
-    task_of_run = group_of_run % num_tasks
+    ends = bounds[::parts].tolist()  # task t's runs are ends[t] to ends[t + 1]
     for t, table in enumerate(tables.tables):
-        mine = np.flatnonzero(task_of_run == t)
-        columns[3, mine], columns[4, mine] = table.byte_ranges(shards[mine], firsts[mine], counts[mine])
+        a, b = ends[t], ends[t + 1]
+        columns[3, a:b], columns[4, a:b] = table.byte_ranges(shards[a:b], firsts[a:b], counts[a:b])
     # Distinct (group, shard) pairs, sorted: each group's shard files, ascending.
     stride = max((len(table.shard_uris) for table in tables.tables), default=1)
     pairs = np.sort(group_of_run * stride + shards)

@@ -28,7 +28,7 @@ import numpy as np
 from taskdata.index.errors import PlanError
 from taskdata.seeding import check_seed, derive_seed
 
-__all__ = ["EpochPermutation", "epoch_and_index", "permute_many", "task_position_of"]
+__all__ = ["EpochPermutation", "epoch_and_index", "permute_blocks", "permute_many", "task_position_of"]
 
 _M64 = (1 << 64) - 1
 _MUL1, _MUL2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -41,6 +41,10 @@ _ROUNDS = 6
 _SCALAR_TAIL = 16
 # Sizes up to 2**60 split into halves of at most 30 bits (see _encrypt_many).
 _VECTOR_BITS = 60
+# Permutations whose halves have at most this many bits (sizes up to 2**24) are applied with a lookup table
+# per round (``_round_tables``: 6 x 2**12 int64 at most, 192 KiB), kept for the most recently used ones.
+_TABLE_BITS = 12
+_TABLES_KEPT = 64
 
 
 def _mix64(x: int) -> int:
@@ -188,6 +192,100 @@ def permute_many(
     for j in walking.tolist():
         values[j] = permutations[which[j]]._walk(int(values[j]))
     return values.astype(np.int64)
+
+
+def permute_blocks(permutations: Sequence[EpochPermutation], lengths: Sequence[int], indices: np.ndarray) -> np.ndarray:
+    """``permute_many`` of consecutive blocks: entry ``j`` of block ``b`` (the ``b``-th run of ``lengths[b]``
+    entries of ``indices``) is ``permutations[b](indices[j])``. An int64 array.
+
+    For the index math's own callers, whose indices lie in their permutations' ranges by construction: that
+    is not checked. Where every permutation's halves have at most ``_TABLE_BITS`` bits, a round is one
+    lookup in a table of its round function (``_round_tables``) instead of the mixer's nine numpy calls.
+    """
+    if not len(permutations) or max(p._bits for p in permutations) > 2 * _TABLE_BITS:
+        which = np.repeat(np.arange(len(permutations), dtype=np.int64), lengths)
+        return permute_many(permutations, which, indices)
+    tables = [_round_tables(p) for p in permutations]
+    split_bits = [(p._bits + 1) // 2 for p in permutations]
+    values = np.array(indices, np.int64)
+    base: np.ndarray | None
+    split: np.ndarray | int
+    mask: np.ndarray | int
+    if len(permutations) == 1:
+        # One table, one split: plain scalars.
+        flat, base, split = tables[0], None, split_bits[0]
+        mask = (1 << split) - 1
+    else:
+        # The permutations' tables side by side: round r of block b at base[b] + low in row r.
+        flat = np.concatenate(tables, axis=1)
+        lengths_array = np.array(lengths, np.int64)
+        offsets = np.cumsum([0, *(t.shape[1] for t in tables[:-1])])
+        base = np.repeat(offsets, lengths_array)
+        split = np.repeat(np.array(split_bits, np.int64), lengths_array)
+        mask = (1 << split) - 1
+    values = _encrypt_tables(values, flat, base, split, mask)
+    if all(p.size == 1 << p._bits for p in permutations):
+        return values  # a power of two: every value is in range at once
+    sizes = np.repeat(np.array([p.size for p in permutations], np.int64), lengths)
+    which = np.repeat(np.arange(len(permutations), dtype=np.int64), lengths)
+    walking = np.flatnonzero(values >= sizes)
+    while walking.size > _SCALAR_TAIL:
+        again = _encrypt_tables(
+            values[walking],
+            flat,
+            None if base is None else base[walking],
+            split if isinstance(split, int) else split[walking],
+            mask if isinstance(mask, int) else mask[walking],
+        )
+        values[walking] = again
+        walking = walking[again >= sizes[walking]]
+    for j in walking.tolist():
+        values[j] = permutations[which[j]]._walk(int(values[j]))
+    return values
+
+
+@functools.lru_cache(maxsize=_TABLES_KEPT)
+def _round_tables(permutation: EpochPermutation) -> np.ndarray:
+    """Row ``r``: the round function of round ``r`` (``_encrypt_many``'s, masked) at every value of the half it
+    reads, zero-padded to the wider half's ``2**split`` values. Building it costs what encrypting ``2**split``
+    values does; a permutation of an epoch is used for every step of that epoch."""
+    split, rounds = permutation._halves
+    bits = permutation._bits
+    table = np.zeros((len(rounds), 1 << split), np.uint64)
+    for r, (key, mask) in enumerate(rounds):
+        # Even rounds read the low half (split bits), odd ones the other (bits - split), as _encrypt_many.
+        t = np.arange(1 << (split if r % 2 == 0 else bits - split), dtype=np.uint64)
+        t ^= np.uint64(key)
+        t *= np.uint64(_MUL1)
+        t ^= t >> np.uint64(27)
+        t *= np.uint64(_MUL2)
+        t ^= t >> np.uint64(31)
+        t &= np.uint64(mask)
+        table[r, : len(t)] = t
+    out = table.astype(np.int64)
+    out.flags.writeable = False
+    return out
+
+
+def _encrypt_tables(
+    values: np.ndarray, tables: np.ndarray, base: np.ndarray | None, split: np.ndarray | int, mask: np.ndarray | int
+) -> np.ndarray:
+    """``_encrypt_many`` with each round's function looked up in ``tables`` (rows: rounds) at ``base + low``."""
+    high = values >> split
+    low = values & mask
+    at = np.empty_like(values)
+    looked = np.empty_like(values)
+    for row in tables:
+        if base is None:
+            row.take(low, out=looked)
+        else:
+            np.add(low, base, out=at)
+            row.take(at, out=looked)
+        high ^= looked
+        high, low = low, high
+    high <<= split
+    high |= low
+    return high
 
 
 def check_many(what: str, count: int, which: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
