@@ -15,14 +15,14 @@ separators would (tests parse and compare every answer), several times faster.
 
 from __future__ import annotations
 
-import functools
+import binascii
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from taskdata.index.columns import ColumnEncoding, base64_int64_bytes, column_array, compact_column_bytes
+from taskdata.index.columns import ColumnEncoding, base64_int64_bytes, column_array
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
 
 __all__ = ["MAX_LOOKAHEAD", "from_json", "to_json"]
@@ -54,16 +54,24 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
     ]
     for i, task in enumerate(reads.tasks):
         cache, columns = task.cache, task.columns
-        if compact:  # the reads hold no negative value (TaskReads checks): one max per column is the bound
-            tops = columns.max(axis=1).tolist() if columns.shape[1] else [0] * len(columns)
-            write = functools.partial(_compact_column, tops=iter(tops))
         parts += [
             b',{"task":' if i else b'{"task":',
             cache.task_json,
             b',"version":',
             cache.version_json,
-            *((b',"names":', cache.names_json, b',"reads":{"shard":') if compact else
-              (b',"files":[', cache.files_json(task.files), b'],"reads":{"shard":')),
+        ]
+        if compact:
+            # The reads hold no negative value (TaskReads checks): one max per column is its bound.
+            tops = columns.max(axis=1).tolist() if columns.shape[1] else [0] * len(columns)
+            parts += [b',"names":', cache.names_json]
+            for key, column, top in zip(_COMPACT_KEYS, columns, tops, strict=True):
+                parts += [key, *_compact_pieces(column, top)]
+            parts.append(b'"}}')
+            continue
+        parts += [
+            b',"files":[',
+            cache.files_json(task.files),
+            b'],"reads":{"shard":',
             write(columns[0]),
             b',"first_record":',
             write(columns[1]),
@@ -76,9 +84,30 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
             b"}}",
         ]
     if compact:  # the order holds task indices
-        write = functools.partial(_compact_column, tops=iter([len(reads.tasks) - 1]))
-    parts += [b'],"order":', write(reads.order), b"}"]
+        parts += [b'],"order":"', *_compact_pieces(reads.order, len(reads.tasks) - 1), b'"}']
+    else:
+        parts += [b'],"order":', write(reads.order), b"}"]
     return b"".join(parts)
+
+
+# What comes before each read column's compact text (a JSON string): its key, and the end of the one before.
+_COMPACT_KEYS = tuple(
+    (b',"reads":{"%s":"' if i == 0 else b'","%s":"') % name.encode() for i, name in enumerate(READ_COLUMNS)
+)
+
+
+def _compact_pieces(values: np.ndarray, top: int) -> tuple[bytes, bytes]:
+    """``compact_column_bytes(values, top)`` in two pieces, type and base64, for values in [0, top]:
+    the same text with about half of its Python work (to_json writes 16 columns per answer)."""
+    if top < 0:
+        return b"i8:", base64_int64_bytes(values)
+    if top < 256:
+        return b"u1:", binascii.b2a_base64(values.astype("<u1").data, newline=False)
+    if top < 65536:
+        return b"u2:", binascii.b2a_base64(values.astype("<u2").data, newline=False)
+    if top < 2**32:
+        return b"u4:", binascii.b2a_base64(values.astype("<u4").data, newline=False)
+    return b"i8:", base64_int64_bytes(values)
 
 
 def _int_column(values: np.ndarray) -> bytes:
@@ -87,10 +116,6 @@ def _int_column(values: np.ndarray) -> bytes:
 
 def _base64_column(values: np.ndarray) -> bytes:
     return b'"' + base64_int64_bytes(values) + b'"'
-
-
-def _compact_column(values: np.ndarray, tops: Iterator[int]) -> bytes:
-    return b'"' + compact_column_bytes(values, next(tops)) + b'"'
 
 
 def from_json(data: bytes | str | Mapping[str, Any]) -> StepReads:
