@@ -32,6 +32,9 @@ from taskdata.index.task_runs import task_runs
 
 __all__ = ["RunTables", "ShardTable", "StepSlices", "host_slice_for", "step_reads", "step_slices"]
 
+# Up to this many (host slice, task, shard) triples, a step's files are found in a table of all of them.
+_PRESENCE_LIMIT = 2**16
+
 
 class ShardTable(Protocol):
     """One task's cache version as the index math needs it: names, shard files, and record byte ranges."""
@@ -237,11 +240,17 @@ def _from_runs(
         columns[3, a:b], columns[4, a:b] = table.byte_ranges(shards[a:b], firsts[a:b], counts[a:b])
     # Distinct (group, shard) pairs, sorted: each group's shard files, ascending.
     stride = max((len(table.shard_uris) for table in tables.tables), default=1)
-    pairs = np.sort(group_of_run * stride + shards)
-    if len(pairs):
-        pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
-    file_bounds = np.searchsorted(pairs // stride, np.arange(groups + 1))
-    file_shards = pairs % stride
+    if groups * stride <= _PRESENCE_LIMIT:
+        # Few shards: mark the pairs read in a table of every pair and read it back in order (no sort).
+        present = np.zeros((groups, stride), bool)
+        present[group_of_run, shards] = True
+        group_of_file, file_shards = np.nonzero(present)
+    else:
+        pairs = np.sort(group_of_run * stride + shards)
+        if len(pairs):
+            pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
+        group_of_file, file_shards = pairs // stride, pairs % stride
+    file_bounds = np.searchsorted(group_of_file, np.arange(groups + 1))
     order = order.astype("<i8", copy=False)
     for array in (columns, file_shards, order):
         array.flags.writeable = False
