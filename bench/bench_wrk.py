@@ -304,6 +304,11 @@ CONFIGS = [
 ]
 
 
+# Measured on the --baseline server too, right after this tree's, in every round.
+BASELINE_CONFIGS = [label for label, run, _h, _m, _s, connections, encoding in CONFIGS
+                    if run in ("r64", "r65536") and connections > 1 and encoding == "compact"]
+
+
 def latency_only(port: int, pid: int, script: str, args: argparse.Namespace) -> None:
     """p50/p99 at one connection (r64, hosts of a step together), the server doing nothing else."""
     label, run, hosts, mode, steps, connections, encoding = CONFIGS[-1]
@@ -340,6 +345,9 @@ def main() -> None:
                              "between its rounds: the p99 target asks for a quiet machine")
     parser.add_argument("--encoding", default="compact", choices=("compact", "base64"),
                         help="the encoding --profile asks for (the throughput runs measure both)")
+    parser.add_argument("--baseline", type=Path, metavar="TREE",
+                        help="another source tree (e.g. git archive main | tar -x -C TREE) served too, on the same caches: "
+                             "its r64 and r65536 compact throughput runs right after this tree's in every round")
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_trivial:
@@ -357,12 +365,20 @@ def main() -> None:
                    port, work / "server.log")
     trivial = start([sys.executable, __file__, "--serve-trivial", str(trivial_port)], trivial_port,
                     work / "trivial.log")
+    base_port = free_port()
+    baseline = None if args.baseline is None else start(
+        [sys.executable, "-m", "taskdata", "serve", "--cache-root", str(root), "--runs-file", str(work / "runs.json"),
+         "--port", str(base_port), "--no-access-log", "--first-use-check", "listing"],
+        base_port, work / "baseline.log", tree=args.baseline.resolve())
     loads = [f"{os.getloadavg()[0]:.1f}"]
     try:
-        for run in ("r64", "r65536", *(f"pod{n}" for n in POD_SHARDS)):  # first use (listing) before anything is timed
+        # First use (listing) before anything is timed.
+        ready = [(port, run) for run in ("r64", "r65536", *(f"pod{n}" for n in POD_SHARDS))]
+        ready += [(base_port, run) for run in ("r64", "r65536") if baseline is not None]
+        for at, run in ready:
             started = time.monotonic()
             while subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-                                  f"http://127.0.0.1:{port}/shards?host=0&step=0&run={run}"],
+                                  f"http://127.0.0.1:{at}/shards?host=0&step=0&run={run}"],
                                  capture_output=True, text=True).stdout != "200":
                 if time.monotonic() - started > 600:
                     raise SystemExit(f"run {run} not ready after 600 s")
@@ -380,12 +396,17 @@ def main() -> None:
         for round_ in range(args.rounds):
             for i, (label, run, hosts, mode, steps, connections, encoding) in enumerate(CONFIGS):
                 target, pid = (trivial_port, trivial.pid) if run is None else (port, server.pid)
-                base = 10_000 + (round_ * len(CONFIGS) + i) * 10_000_000  # fresh steps every time
-                load = os.getloadavg()[0]
-                results[label].append(wrk(str(script), target, pid, connections, args.seconds, MODE=mode,
-                                          RUN=run or "", HOSTS=hosts, STEPS=steps, BASE=base, ENCODING=encoding))
-                results[label][-1]["load"] = (load + os.getloadavg()[0]) / 2
-                print(label, {k: round(v, 1) for k, v in results[label][-1].items()}, flush=True)
+                servers = [(label, target, pid)]
+                if baseline is not None and label in BASELINE_CONFIGS:
+                    servers.append((f"baseline: {label}", base_port, baseline.pid))
+                for name, at, pid in servers:
+                    base = 10_000 + (round_ * len(CONFIGS) + i) * 10_000_000  # fresh steps every time
+                    load = os.getloadavg()[0]
+                    results.setdefault(name, []).append(wrk(
+                        str(script), at, pid, connections, args.seconds, MODE=mode, RUN=run or "", HOSTS=hosts,
+                        STEPS=steps, BASE=base, ENCODING=encoding))
+                    results[name][-1]["load"] = (load + os.getloadavg()[0]) / 2
+                    print(name, {k: round(v, 1) for k, v in results[name][-1].items()}, flush=True)
             loads.append(f"{os.getloadavg()[0]:.1f}")
         bursts = {shards: [] for shards in POD_SHARDS}
         for round_ in range(args.rounds):
@@ -397,6 +418,8 @@ def main() -> None:
     finally:
         stop(trivial)
         stop(server)
+        if baseline is not None:
+            stop(baseline)
     med = {label: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for label, rs in results.items()}
     ceiling = med["trivial endpoint"]["rate"]
     lines = []
@@ -411,6 +434,14 @@ def main() -> None:
             f"p50 {m['p50_us'] / 1e3:.2f} ms, p99 {m['p99_us'] / 1e3:.2f} ms, {m['bytes'] / m['requests']:,.0f} "
             f"bytes/answer, server CPU {m['server_cpu_us']:,.0f} us/request, wrk {m['wrk_cpu']:.0%} of a core; "
             f"load {', '.join(format(r['load'], '.1f') for r in results[label])}"
+        )
+    for label in BASELINE_CONFIGS if baseline is not None else ():
+        m = med[f"baseline: {label}"]
+        lines.append(
+            f"baseline ({args.baseline}), {label}: {m['rate']:,.0f} req/s = {m['rate'] / ceiling:.0%} of the trivial "
+            f"endpoint (this tree: {med[label]['rate'] / ceiling:.0%}), server CPU {m['server_cpu_us']:,.0f} us/request "
+            f"(this tree: {med[label]['server_cpu_us']:,.0f}); load "
+            f"{', '.join(format(r['load'], '.1f') for r in results[f'baseline: {label}'])}"
         )
     for shards in POD_SHARDS:
         b = {key: statistics.median(r[key] for r in bursts[shards]) for key in bursts[shards][0]}

@@ -1,11 +1,11 @@
 """A step's reads, computed: positions -> examples -> read runs -> byte ranges, for host slices.
 
-``step_slices`` computes a whole step at once, cut into ``count`` equal consecutive host slices:
-``example_arrays`` over every position, the read runs of every (slice, task) in one grouped pass
-(``ExampleArrays.grouped_runs``), their byte ranges in one gather per task, and each group's shard
-files in one sort. The assignment server computes a step this way once and cuts every host's answer
-from it. ``step_reads`` computes one slice alone (what a host computing its own reads needs); both
-give equal values for a slice. Positions beyond int64 take the exact scalar chain instead.
+``step_slices`` computes a whole step at once, cut into ``count`` equal consecutive host slices: the
+read runs of every (task, slice) in one pass (``task_runs``), their byte ranges in one gather per
+task, and each group's shard files in one pass. The assignment server computes a step this way once
+and cuts every host's answer from it. ``step_reads`` computes one slice alone (what a host computing
+its own reads needs; ``step_slice`` gives it as a ``StepSlices`` of one slice); both give equal values
+for a slice. Positions beyond int64 take the exact scalar chain instead.
 
 Within a slice, a task's consecutive records make one read even when other tasks' examples fall
 between them, so a coarser slice is not the concatenation of its finer slices' reads: at the seams
@@ -30,7 +30,7 @@ from taskdata.index.plan import RunPlan, data_shard_for_host
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, StepReads, assemble
 from taskdata.index.task_runs import task_runs
 
-__all__ = ["RunTables", "ShardTable", "StepSlices", "host_slice_for", "step_reads", "step_slices"]
+__all__ = ["RunTables", "ShardTable", "StepSlices", "host_slice_for", "step_reads", "step_slice", "step_slices"]
 
 # Up to this many (host slice, task, shard) triples, a step's files are found in a table of all of them.
 _PRESENCE_LIMIT = 2**16
@@ -159,8 +159,13 @@ def step_slices(tables: RunTables, step: int, count: int) -> StepSlices:
 
 def step_reads(tables: RunTables, step: int, index: int, count: int) -> StepReads:
     """The reads of host slice ``index`` of ``count`` at ``step``, computed alone."""
-    positions = slice_positions(tables.plan, step, index, count)
-    return _compute(tables, step, positions, 1)[0]
+    return step_slice(tables, step, index, count)[0]
+
+
+def step_slice(tables: RunTables, step: int, index: int, count: int) -> StepSlices:
+    """Host slice ``index`` of ``count`` at ``step`` computed alone, as the one slice of a ``StepSlices``
+    (``step_reads`` is its slice 0)."""
+    return _compute(tables, step, slice_positions(tables.plan, step, index, count), 1)
 
 
 def _compute(tables: RunTables, step: int, positions: range, parts: int) -> StepSlices:

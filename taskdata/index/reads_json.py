@@ -16,6 +16,8 @@ separators would (tests parse and compare every answer), several times faster.
 from __future__ import annotations
 
 import binascii
+import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -23,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from taskdata.index.columns import ColumnEncoding, base64_int64_bytes, column_array
+from taskdata.index.host_reads import StepSlices
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
 
-__all__ = ["MAX_LOOKAHEAD", "from_json", "to_json"]
+__all__ = ["MAX_LOOKAHEAD", "StepJson", "from_json", "to_json"]
 
 # The most steps one /shards request asks for (its lookahead window).
 MAX_LOOKAHEAD = 64
@@ -42,16 +45,7 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
         raise ValueError(f"encoding must be 'ints', 'base64' or 'compact' but got {encoding!r}.")
     positions = reads.positions
     # Pieces of bytes joined once: about half the time of formatting str and encoding it.
-    parts = [
-        b'{"step":%d,"skipped":%s,"global_batch_size":%d,"positions":{"start":%d,"stop":%d},"tasks":['
-        % (
-            reads.step,
-            b"true" if reads.skipped else b"false",
-            reads.global_batch_size,
-            positions.start,
-            positions.stop,
-        )
-    ]
+    parts = [_head(reads.step, reads.skipped, reads.global_batch_size, positions.start, positions.stop)]
     for i, task in enumerate(reads.tasks):
         cache, columns = task.cache, task.columns
         parts += [
@@ -65,7 +59,8 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
             tops = columns.max(axis=1).tolist() if columns.shape[1] else [0] * len(columns)
             parts += [b',"names":', cache.names_json]
             for key, column, top in zip(_COMPACT_KEYS, columns, tops, strict=True):
-                parts += [key, *_compact_pieces(column, top)]
+                name, dtype = _compact_type(top)
+                parts += [key, name, base64_int64_bytes(column) if dtype is None else _base64(column.astype(dtype))]
             parts.append(b'"}}')
             continue
         parts += [
@@ -84,7 +79,9 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
             b"}}",
         ]
     if compact:  # the order holds task indices
-        parts += [b'],"order":"', *_compact_pieces(reads.order, len(reads.tasks) - 1), b'"}']
+        name, dtype = _compact_type(len(reads.tasks) - 1)
+        order = base64_int64_bytes(reads.order) if dtype is None else _base64(reads.order.astype(dtype))
+        parts += [b'],"order":"', name, order, b'"}']
     else:
         parts += [b'],"order":', write(reads.order), b"}"]
     return b"".join(parts)
@@ -96,18 +93,100 @@ _COMPACT_KEYS = tuple(
 )
 
 
-def _compact_pieces(values: np.ndarray, top: int) -> tuple[bytes, bytes]:
-    """``compact_column_bytes(values, top)`` in two pieces, type and base64, for values in [0, top]:
-    the same text with about half of its Python work (to_json writes 16 columns per answer)."""
-    if top < 0:
-        return b"i8:", base64_int64_bytes(values)
-    if top < 256:
-        return b"u1:", binascii.b2a_base64(values.astype("<u1").data, newline=False)
-    if top < 65536:
-        return b"u2:", binascii.b2a_base64(values.astype("<u2").data, newline=False)
-    if top < 2**32:
-        return b"u4:", binascii.b2a_base64(values.astype("<u4").data, newline=False)
-    return b"i8:", base64_int64_bytes(values)
+def _head(step: int, skipped: bool, global_batch_size: int, start: int, stop: int) -> bytes:
+    """A step's JSON up to its first task."""
+    return b'{"step":%d,"skipped":%s,"global_batch_size":%d,"positions":{"start":%d,"stop":%d},"tasks":[' % (
+        step,
+        b"true" if skipped else b"false",
+        global_batch_size,
+        start,
+        stop,
+    )
+
+
+# A compact column's narrowest type for values in [0, top], as ``compact_column_bytes`` picks it.
+_UNSIGNED = ((2**8, b"u1:", "<u1"), (2**16, b"u2:", "<u2"), (2**32, b"u4:", "<u4"))
+
+
+def _compact_type(top: int) -> tuple[bytes, str | None]:
+    """(type and colon, numpy dtype) of a compact column of values in [0, top]; dtype None for i8 (the
+    column itself, little-endian int64). Any negative value takes i8, as in ``compact_column_bytes``."""
+    if top >= 0:
+        for limit, name, dtype in _UNSIGNED:
+            if top < limit:
+                return name, dtype
+    return b"i8:", None
+
+
+def _base64(values: np.ndarray) -> bytes:
+    """Base64 of a contiguous array's bytes: the text of a compact column after its type."""
+    return binascii.b2a_base64(values.data, newline=False)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StepJson:
+    """Each host slice of a computed step as ``to_json`` writes it: ``StepJson(slices, encoding)[i]`` is
+    ``to_json(slices[i], encoding)``, byte for byte (tests compare them).
+
+    The assignment server writes its answers from here. With ``encoding=compact`` what every slice of the
+    step needs is done once, on first use: the bound of each column of every (task, slice), in one
+    ``np.maximum.reduceat``, and the step's columns cast once to each narrow type some slice needs; a
+    slice is then one base64 call per column (``to_json`` casts each column of each slice and takes a
+    maximum per task). Other encodings write ``to_json`` of the slice.
+    """
+
+    slices: StepSlices
+    encoding: ColumnEncoding
+
+    def __len__(self) -> int:
+        return len(self.slices)
+
+    def __getitem__(self, index: int) -> bytes:
+        slices = self.slices
+        if self.encoding != "compact" or not 0 <= index < slices.count:
+            return to_json(slices[index], self.encoding)  # slices[index] names a slice that is not there
+        tops, casts, (order_type, order) = self._compact
+        size, count, bounds = slices.per_slice, slices.count, slices.bounds
+        first = slices.start + index * size
+        parts = [_head(slices.step, slices.skipped, slices.global_batch_size, first, first + size)]
+        for t, cache in enumerate(slices.files):
+            g = t * count + index
+            a, b = bounds[g], bounds[g + 1]
+            parts += [
+                b',{"task":' if t else b'{"task":',
+                cache.task_json,
+                b',"version":',
+                cache.version_json,
+                b',"names":',
+                cache.names_json,
+            ]
+            for row, (key, top) in enumerate(zip(_COMPACT_KEYS, tops[g], strict=True)):
+                name, dtype = _compact_type(top)
+                parts += [key, name, _base64(casts[dtype][row, a:b])]
+            parts.append(b'"}}')
+        taken = 0 if slices.skipped else size
+        parts += [b'],"order":"', order_type, _base64(order[index * taken : (index + 1) * taken]), b'"}']
+        return b"".join(parts)
+
+    @functools.cached_property
+    def _compact(self) -> tuple[list[list[int]], dict[str | None, np.ndarray], tuple[bytes, np.ndarray]]:
+        """(bounds of the columns of each (task, slice) group, the step's columns in each type they need
+        (None: int64), the order's type and the order in it)."""
+        slices = self.slices
+        columns, bounds = slices.columns, np.array(slices.bounds, np.int64)
+        # A group without reads writes empty columns, of type u1 (to_json's bound 0).
+        tops = [[0] * len(columns) for _ in range(len(bounds) - 1)]
+        filled = np.flatnonzero(bounds[1:] > bounds[:-1])
+        if filled.size:
+            # Groups hold consecutive columns: from each filled group's first column to the next one's.
+            maxima = np.maximum.reduceat(columns, bounds[filled], axis=1).T.tolist()
+            for g, top in zip(filled.tolist(), maxima, strict=True):
+                tops[g] = top
+        needed = {_compact_type(top)[1] for group in tops for top in group}
+        casts = {dtype: columns if dtype is None else columns.astype(dtype) for dtype in needed}
+        order_type, order_dtype = _compact_type(len(slices.files) - 1)
+        order = slices.order if order_dtype is None else slices.order.astype(order_dtype)
+        return tops, casts, (order_type, order)
 
 
 def _int_column(values: np.ndarray) -> bytes:
