@@ -147,9 +147,9 @@ def wrk(script: str, port: int, pid: int, connections: int, seconds: int, **env:
 BUCKETS = [
     ("writing the answer to the socket (uvicorn send)", "RequestResponseCycle.send (uvicorn"),
     ("index math of a whole step (8 slices)", "step_slices (taskdata/index/host_reads.py"),
-    ("index math of one slice alone", "step_reads (taskdata/index/host_reads.py"),
-    ("the step's JSON (base64 columns, files)", "to_json (taskdata/index/reads_json.py"),
-    ("a slice cut from its whole step, step LRU", "AnswerCache.step_reads (server/assignments.py"),
+    ("index math of one slice alone", "step_slice (taskdata/index/host_reads.py"),
+    ("the step's JSON (base64 columns, files)", "(taskdata/index/reads_json.py"),
+    ("a slice cut from its whole step, step LRU", "AnswerCache.step_json (server/assignments.py"),
     ("the answer around them (run, answer LRU, head)", "answer (server/routers/shards.py"),
     ("FastAPI and its middleware (requests not answered at the door)", "FastAPI.__call__ (fastapi"),
     ("the door (query, token, metrics)", "AssignmentService.__call__ (server/shards_fast.py"),
