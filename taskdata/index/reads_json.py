@@ -145,7 +145,7 @@ class StepJson:
         slices = self.slices
         if self.encoding != "compact" or not 0 <= index < slices.count:
             return to_json(slices[index], self.encoding)  # slices[index] names a slice that is not there
-        tops, casts, (order_type, order) = self._compact
+        typed, (order_type, order) = self._compact
         size, count, bounds = slices.per_slice, slices.count, slices.bounds
         first = slices.start + index * size
         parts = [_head(slices.step, slices.skipped, slices.global_batch_size, first, first + size)]
@@ -160,18 +160,18 @@ class StepJson:
                 b',"names":',
                 cache.names_json,
             ]
-            for row, (key, top) in enumerate(zip(_COMPACT_KEYS, tops[g], strict=True)):
-                name, dtype = _compact_type(top)
-                parts += [key, name, _base64(casts[dtype][row, a:b])]
+            for key, (name, row) in zip(_COMPACT_KEYS, typed[g], strict=True):
+                parts += [key, name, binascii.b2a_base64(row[a:b], newline=False)]
             parts.append(b'"}}')
         taken = 0 if slices.skipped else size
-        parts += [b'],"order":"', order_type, _base64(order[index * taken : (index + 1) * taken]), b'"}']
+        order_text = binascii.b2a_base64(order[index * taken : (index + 1) * taken], newline=False)
+        parts += [b'],"order":"', order_type, order_text, b'"}']
         return b"".join(parts)
 
     @functools.cached_property
-    def _compact(self) -> tuple[list[list[int]], dict[str | None, np.ndarray], tuple[bytes, np.ndarray]]:
-        """(bounds of the columns of each (task, slice) group, the step's columns in each type they need
-        (None: int64), the order's type and the order in it)."""
+    def _compact(self) -> tuple[list[list[tuple[bytes, memoryview]]], tuple[bytes, memoryview]]:
+        """Per (task, slice) group, per read column: its compact type and the step's whole row in that type
+        (a memoryview: slicing it costs less than slicing an array); the order's type and the order in it."""
         slices = self.slices
         columns, bounds = slices.columns, np.array(slices.bounds, np.int64)
         # A group without reads writes empty columns, of type u1 (to_json's bound 0).
@@ -182,11 +182,18 @@ class StepJson:
             maxima = np.maximum.reduceat(columns, bounds[filled], axis=1).T.tolist()
             for g, top in zip(filled.tolist(), maxima, strict=True):
                 tops[g] = top
-        needed = {_compact_type(top)[1] for group in tops for top in group}
-        casts = {dtype: columns if dtype is None else columns.astype(dtype) for dtype in needed}
+        rows: dict[str | None, list[memoryview]] = {}
+        typed = []
+        for group in tops:
+            typed.append([])
+            for k, top in enumerate(group):
+                name, dtype = _compact_type(top)
+                if dtype not in rows:  # each type cast once, over the whole step
+                    rows[dtype] = [row.data for row in (columns if dtype is None else columns.astype(dtype))]
+                typed[-1].append((name, rows[dtype][k]))
         order_type, order_dtype = _compact_type(len(slices.files) - 1)
         order = slices.order if order_dtype is None else slices.order.astype(order_dtype)
-        return tops, casts, (order_type, order)
+        return typed, (order_type, order.data)
 
 
 def _int_column(values: np.ndarray) -> bytes:
