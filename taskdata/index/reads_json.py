@@ -183,7 +183,7 @@ class StepJson:
             for g, top in zip(filled.tolist(), maxima, strict=True):
                 tops[g] = top
         rows: dict[str | None, list[memoryview]] = {}
-        typed = []
+        typed: list[list[tuple[bytes, memoryview]]] = []
         for group in tops:
             typed.append([])
             for k, top in enumerate(group):
