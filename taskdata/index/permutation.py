@@ -45,6 +45,10 @@ _VECTOR_BITS = 60
 # per round (``_round_tables``: 6 x 2**12 int64 at most, 192 KiB), kept for the most recently used ones.
 _TABLE_BITS = 12
 _TABLES_KEPT = 64
+# Several permutations' tables side by side (``_side_by_side``), up to this many entries per round (6 x 2**14
+# int64: 768 KiB), kept for the most recent tuples of permutations.
+_SIDE_BY_SIDE = 2**14
+_SIDE_BY_SIDE_KEPT = 16
 
 
 def _mix64(x: int) -> int:
@@ -202,28 +206,25 @@ def permute_blocks(permutations: Sequence[EpochPermutation], lengths: Sequence[i
     is not checked. Where every permutation's halves have at most ``_TABLE_BITS`` bits, a round is one
     lookup in a table of its round function (``_round_tables``) instead of the mixer's nine numpy calls.
     """
-    if not len(permutations) or max(p._bits for p in permutations) > 2 * _TABLE_BITS:
+    bits = max((p._bits for p in permutations), default=0)
+    width = 1 << (bits + 1) // 2
+    if not len(permutations) or bits > 2 * _TABLE_BITS or len(permutations) * width > _SIDE_BY_SIDE:
         which = np.repeat(np.arange(len(permutations), dtype=np.int64), lengths)
         return permute_many(permutations, which, indices)
-    tables = [_round_tables(p) for p in permutations]
-    split_bits = [(p._bits + 1) // 2 for p in permutations]
-    values = np.array(indices, np.int64)
-    base: np.ndarray | None
+    indices = np.asarray(indices, np.int64)
     split: np.ndarray | int
     mask: np.ndarray | int
+    tag: np.ndarray | None
     if len(permutations) == 1:
         # One table, one split: plain scalars.
-        flat, base, split = tables[0], None, split_bits[0]
+        (permutation,) = permutations
+        table, tag = _round_tables(permutation), None
+        split = (permutation._bits + 1) // 2
         mask = (1 << split) - 1
     else:
-        # The permutations' tables side by side: round r of block b at base[b] + low in row r.
-        flat = np.concatenate(tables, axis=1)
-        lengths_array = np.array(lengths, np.int64)
-        offsets = np.cumsum([0, *(t.shape[1] for t in tables[:-1])])
-        base = np.repeat(offsets, lengths_array)
-        split = np.repeat(np.array(split_bits, np.int64), lengths_array)
-        mask = (1 << split) - 1
-    values = _encrypt_tables(values, flat, base, split, mask)
+        table, splits, masks, tags = _side_by_side(tuple(permutations))
+        split, mask, tag = np.repeat(splits, lengths), np.repeat(masks, lengths), np.repeat(tags, lengths)
+    values = _encrypt_tables(indices, table, split, mask, tag, width - 1)
     if all(p.size == 1 << p._bits for p in permutations):
         return values  # a power of two: every value is in range at once
     sizes = np.repeat(np.array([p.size for p in permutations], np.int64), lengths)
@@ -232,10 +233,11 @@ def permute_blocks(permutations: Sequence[EpochPermutation], lengths: Sequence[i
     while walking.size > _SCALAR_TAIL:
         again = _encrypt_tables(
             values[walking],
-            flat,
-            None if base is None else base[walking],
+            table,
             split if isinstance(split, int) else split[walking],
             mask if isinstance(mask, int) else mask[walking],
+            None if tag is None else tag[walking],
+            width - 1,
         )
         values[walking] = again
         walking = walking[again >= sizes[walking]]
@@ -244,45 +246,70 @@ def permute_blocks(permutations: Sequence[EpochPermutation], lengths: Sequence[i
     return values
 
 
+@functools.lru_cache(maxsize=_SIDE_BY_SIDE_KEPT)
+def _side_by_side(permutations: tuple[EpochPermutation, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The round tables of ``permutations`` side by side, permutation ``b``'s from column ``b * width`` on
+    (``width``: the widest table's), with each one's split, its mask and its tag ``b * width``.
+
+    A value's halves carry their permutation's tag above their own bits: a lookup at a tagged half reads that
+    permutation's table, and XOR with a round's output (below ``width``) leaves the tag, so a round is one
+    lookup and one XOR for every permutation at once. Kept per tuple: a step's tasks and epochs repeat for
+    many steps.
+    """
+    tables = [_round_tables(p) for p in permutations]
+    width = max(t.shape[1] for t in tables)
+    table = np.zeros((_ROUNDS, len(tables) * width), np.int64)
+    for b, own in enumerate(tables):
+        table[:, b * width : b * width + own.shape[1]] = own
+    splits = np.array([(p._bits + 1) // 2 for p in permutations], np.int64)
+    out = (table, splits, (1 << splits) - 1, np.arange(len(tables), dtype=np.int64) * width)
+    for array in out:
+        array.flags.writeable = False
+    return out
+
+
 @functools.lru_cache(maxsize=_TABLES_KEPT)
 def _round_tables(permutation: EpochPermutation) -> np.ndarray:
-    """Row ``r``: the round function of round ``r`` (``_encrypt_many``'s, masked) at every value of the half it
-    reads, zero-padded to the wider half's ``2**split`` values. Building it costs what encrypting ``2**split``
-    values does; a permutation of an epoch is used for every step of that epoch."""
+    """Row ``r``: the round function of round ``r`` (``_encrypt_many``'s, masked) at every value below
+    ``2**split``, the wider half's size (odd rounds read the other half, which may be one bit narrower: their
+    last entries are never read). All rounds at once, as ``_encrypt_many`` computes one: a permutation is
+    made whenever a task enters an epoch, every few steps for a small task."""
     split, rounds = permutation._halves
-    bits = permutation._bits
-    table = np.zeros((len(rounds), 1 << split), np.uint64)
-    for r, (key, mask) in enumerate(rounds):
-        # Even rounds read the low half (split bits), odd ones the other (bits - split), as _encrypt_many.
-        t = np.arange(1 << (split if r % 2 == 0 else bits - split), dtype=np.uint64)
-        t ^= np.uint64(key)
-        t *= np.uint64(_MUL1)
-        t ^= t >> np.uint64(27)
-        t *= np.uint64(_MUL2)
-        t ^= t >> np.uint64(31)
-        t &= np.uint64(mask)
-        table[r, : len(t)] = t
-    out = table.astype(np.int64)
+    keys, masks = (np.array(column, np.uint64)[:, None] for column in zip(*rounds, strict=True))
+    t = np.arange(1 << split, dtype=np.uint64) ^ keys
+    t *= np.uint64(_MUL1)
+    t ^= t >> np.uint64(27)
+    t *= np.uint64(_MUL2)
+    t ^= t >> np.uint64(31)
+    t &= masks
+    out = t.astype(np.int64)
     out.flags.writeable = False
     return out
 
 
 def _encrypt_tables(
-    values: np.ndarray, tables: np.ndarray, base: np.ndarray | None, split: np.ndarray | int, mask: np.ndarray | int
+    values: np.ndarray,
+    tables: np.ndarray,
+    split: np.ndarray | int,
+    mask: np.ndarray | int,
+    tag: np.ndarray | None,
+    tag_mask: int,
 ) -> np.ndarray:
-    """``_encrypt_many`` with each round's function looked up in ``tables`` (rows: rounds) at ``base + low``."""
+    """``_encrypt_many`` with each round's function looked up in ``tables`` (rows: rounds) at its half, which
+    carries ``tag`` above its bits where given (``_side_by_side``; ``tag_mask`` clears it at the end)."""
     high = values >> split
     low = values & mask
-    at = np.empty_like(values)
+    if tag is not None:
+        high |= tag
+        low |= tag
     looked = np.empty_like(values)
     for row in tables:
-        if base is None:
-            row.take(low, out=looked)
-        else:
-            np.add(low, base, out=at)
-            row.take(at, out=looked)
+        row.take(low, out=looked)
         high ^= looked
         high, low = low, high
+    if tag is not None:
+        high &= tag_mask
+        low &= tag_mask
     high <<= split
     high |= low
     return high
