@@ -235,7 +235,7 @@ def _from_runs(
     """From read runs grouped task-major ``(bounds, shards, first_records, counts)`` (as ``task_runs`` gives)."""
     bounds, shards, firsts, counts = runs
     groups = parts * len(tables.tables)
-    group_of_run = np.repeat(np.arange(groups), np.diff(bounds))
+    group_of_run = np.arange(groups).repeat(bounds[1:] - bounds[:-1])
     # Little-endian int64 rows: a row's slice is already the bytes encoding=base64 writes.
     columns = np.empty((len(READ_COLUMNS), len(shards)), "<i8")
     columns[0], columns[1], columns[2] = shards, firsts, counts
@@ -249,13 +249,13 @@ def _from_runs(
         # Few shards: mark the pairs read in a table of every pair and read it back in order (no sort).
         present = np.zeros((groups, stride), bool)
         present[group_of_run, shards] = True
-        group_of_file, file_shards = np.nonzero(present)
+        group_of_file, file_shards = present.nonzero()
     else:
         pairs = np.sort(group_of_run * stride + shards)
         if len(pairs):
             pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
         group_of_file, file_shards = pairs // stride, pairs % stride
-    file_bounds = np.searchsorted(group_of_file, np.arange(groups + 1))
+    file_bounds = group_of_file.searchsorted(np.arange(groups + 1))
     order = order.astype("<i8", copy=False)
     for array in (columns, file_shards, order):
         array.flags.writeable = False

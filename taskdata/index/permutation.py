@@ -223,7 +223,7 @@ def permute_blocks(permutations: Sequence[EpochPermutation], lengths: Sequence[i
         mask = (1 << split) - 1
     else:
         table, splits, masks, tags = _side_by_side(tuple(permutations))
-        split, mask, tag = np.repeat(splits, lengths), np.repeat(masks, lengths), np.repeat(tags, lengths)
+        split, mask, tag = splits.repeat(lengths), masks.repeat(lengths), tags.repeat(lengths)
     values = _encrypt_tables(indices, table, split, mask, tag, width - 1)
     if all(p.size == 1 << p._bits for p in permutations):
         return values  # a power of two: every value is in range at once

@@ -176,7 +176,7 @@ class StepJson:
         columns, bounds = slices.columns, np.array(slices.bounds, np.int64)
         # A group without reads writes empty columns, of type u1 (to_json's bound 0).
         tops = [[0] * len(columns) for _ in range(len(bounds) - 1)]
-        filled = np.flatnonzero(bounds[1:] > bounds[:-1])
+        filled = (bounds[1:] > bounds[:-1]).nonzero()[0]
         if filled.size:
             # Groups hold consecutive columns: from each filled group's first column to the next one's.
             maxima = np.maximum.reduceat(columns, bounds[filled], axis=1).T.tolist()

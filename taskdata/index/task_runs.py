@@ -51,7 +51,7 @@ def task_runs(
         per_task = per_group.reshape(num_tasks, parts).sum(axis=1).tolist()
     indices = _record_indices(plan, plan.mixing.counts(start), per_task, size)
     tables = plan.tables
-    task_of = np.repeat(np.arange(num_tasks, dtype=np.int64), per_task)
+    task_of = np.arange(num_tasks, dtype=np.int64).repeat(per_task)
     indices += tables.record_base[task_of]
     global_shards = tables.shard_finder.find(indices, task_of)
     indices -= tables.shard_starts[global_shards]  # records within their shards now
@@ -59,15 +59,16 @@ def task_runs(
     records, shards = indices, global_shards
     # A run starts at every group's first example, and wherever the record is not the next of the same shard.
     group_starts = np.zeros(len(per_group) + 1, np.int64)
-    np.cumsum(per_group, out=group_starts[1:])
+    per_group.cumsum(out=group_starts[1:])
     new_run = np.empty(size + 1, bool)
     np.not_equal(records[1:], records[:-1] + 1, out=new_run[1:size])
     new_run[1:size] |= shards[1:] != shards[:-1]
     new_run[group_starts] = True
-    starts = np.flatnonzero(new_run)
-    counts = np.diff(starts)
+    # (Array methods rather than np.flatnonzero, np.diff...: their Python wrappers cost as much as the work.)
+    starts = new_run.nonzero()[0]
+    counts = starts[1:] - starts[:-1]
     starts = starts[:-1]
-    bounds = np.searchsorted(starts, group_starts)
+    bounds = starts.searchsorted(group_starts)
     return bounds, shards[starts], records[starts], counts, tasks
 
 
@@ -93,7 +94,7 @@ def _record_indices(plan: RunPlan, before: tuple[int, ...], per_task: list[int],
     if len(lengths) == 1:
         indices += shifts[0]
     else:
-        indices += np.repeat(np.array(shifts, np.int64), lengths)
+        indices += np.array(shifts, np.int64).repeat(lengths)
     if not permuted:
         return indices
     names, layouts, block_size = plan.task_names, plan.layouts, plan.epoch_order.block_size
@@ -104,7 +105,7 @@ def _record_indices(plan: RunPlan, before: tuple[int, ...], per_task: list[int],
     else:
         mine = np.zeros(len(lengths), bool)
         mine[blocks] = True
-        where = np.flatnonzero(np.repeat(mine, lengths))
+        where = mine.repeat(lengths).nonzero()[0]
         block_lengths = [lengths[block] for block in blocks]
     offsets = indices if where is None else indices[where]
     if block_size is None:
@@ -114,7 +115,7 @@ def _record_indices(plan: RunPlan, before: tuple[int, ...], per_task: list[int],
         block_orders = [
             block_permutation(plan.seed, names[t], epoch, layouts[t].num_records, block_size) for _, t, epoch in permuted
         ]
-        which = np.repeat(np.arange(len(blocks), dtype=np.int64), block_lengths)
+        which = np.arange(len(blocks), dtype=np.int64).repeat(block_lengths)
         permuted_indices = block_permute_many(block_orders, which, offsets)
     if where is None:
         return permuted_indices
