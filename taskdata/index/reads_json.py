@@ -145,7 +145,7 @@ class StepJson:
         slices = self.slices
         if self.encoding != "compact" or not 0 <= index < slices.count:
             return to_json(slices[index], self.encoding)  # slices[index] names a slice that is not there
-        typed, (order_type, order) = self._compact
+        types, rows, order = self._compact
         size, count, bounds = slices.per_slice, slices.count, slices.bounds
         first = slices.start + index * size
         parts = [_head(slices.step, slices.skipped, slices.global_batch_size, first, first + size)]
@@ -160,40 +160,43 @@ class StepJson:
                 b',"names":',
                 cache.names_json,
             ]
-            for key, (name, row) in zip(_COMPACT_KEYS, typed[g], strict=True):
-                parts += [key, name, binascii.b2a_base64(row[a:b], newline=False)]
+            for k, (key, code) in enumerate(zip(_COMPACT_KEYS, types[g], strict=True)):
+                parts += [key, _TYPE_NAMES[code], binascii.b2a_base64(rows[code][k][a:b], newline=False)]
             parts.append(b'"}}')
         taken = 0 if slices.skipped else size
-        order_text = binascii.b2a_base64(order[index * taken : (index + 1) * taken], newline=False)
+        order_type, order_rows = order
+        order_text = binascii.b2a_base64(order_rows[index * taken : (index + 1) * taken], newline=False)
         parts += [b'],"order":"', order_type, order_text, b'"}']
         return b"".join(parts)
 
     @functools.cached_property
-    def _compact(self) -> tuple[list[list[tuple[bytes, memoryview]]], tuple[bytes, memoryview]]:
-        """Per (task, slice) group, per read column: its compact type and the step's whole row in that type
-        (a memoryview: slicing it costs less than slicing an array); the order's type and the order in it."""
+    def _compact(self) -> tuple[list[list[int]], dict[int, list[memoryview]], tuple[bytes, memoryview]]:
+        """Per (task, slice) group, the type of each read column (an index into ``_TYPE_NAMES``); per type
+        used, the step's read columns in it, row by row (memoryviews: slicing one costs less than slicing an
+        array); the order's type and the order in it."""
         slices = self.slices
         columns, bounds = slices.columns, np.array(slices.bounds, np.int64)
         # A group without reads writes empty columns, of type u1 (to_json's bound 0).
-        tops = [[0] * len(columns) for _ in range(len(bounds) - 1)]
+        types = np.zeros((len(bounds) - 1, len(columns)), np.int64)
         filled = (bounds[1:] > bounds[:-1]).nonzero()[0]
         if filled.size:
             # Groups hold consecutive columns: from each filled group's first column to the next one's.
-            maxima = np.maximum.reduceat(columns, bounds[filled], axis=1).T.tolist()
-            for g, top in zip(filled.tolist(), maxima, strict=True):
-                tops[g] = top
-        rows: dict[str | None, list[memoryview]] = {}
-        typed: list[list[tuple[bytes, memoryview]]] = []
-        for group in tops:
-            typed.append([])
-            for k, top in enumerate(group):
-                name, dtype = _compact_type(top)
-                if dtype not in rows:  # each type cast once, over the whole step
-                    rows[dtype] = [row.data for row in (columns if dtype is None else columns.astype(dtype))]
-                typed[-1].append((name, rows[dtype][k]))
+            tops = np.maximum.reduceat(columns, bounds[filled], axis=1).T
+            types[filled] = np.searchsorted(_TYPE_LIMITS, tops, side="right")
+        rows = {
+            code: [row.data for row in (columns if _TYPE_DTYPES[code] is None else columns.astype(_TYPE_DTYPES[code]))]
+            for code in set(types.ravel().tolist())  # each type cast once, over the whole step
+        }
         order_type, order_dtype = _compact_type(len(slices.files) - 1)
         order = slices.order if order_dtype is None else slices.order.astype(order_dtype)
-        return typed, (order_type, order.data)
+        return types.tolist(), rows, (order_type, order.data)
+
+
+# Compact types by code (``_compact_type``'s, in order): code c holds values in [0, _TYPE_LIMITS[c]), the
+# last (i8) any int64; a column's code is the number of limits at or below its bound.
+_TYPE_NAMES = (*(name for _, name, _ in _UNSIGNED), b"i8:")
+_TYPE_DTYPES = (*(dtype for _, _, dtype in _UNSIGNED), None)
+_TYPE_LIMITS = tuple(limit for limit, _, _ in _UNSIGNED)
 
 
 def _int_column(values: np.ndarray) -> bytes:
