@@ -2,7 +2,7 @@
 
 ``step_slices`` computes a whole step at once, cut into ``count`` equal consecutive host slices: the
 read runs of every (task, slice) in one pass (``task_runs``), their byte ranges in one gather per
-task, and each group's shard files in one pass. The assignment server computes a step this way once
+task, and, when a slice is first cut, each group's shard files in one pass. The assignment server computes a step this way once
 and cuts every host's answer from it. ``step_reads`` computes one slice alone (what a host computing
 its own reads needs; ``step_slice`` gives it as a ``StepSlices`` of one slice); both give equal values
 for a slice. Positions beyond int64 take the exact scalar chain instead.
@@ -18,6 +18,7 @@ Nothing here reads a file: byte ranges come from a ``ShardTable`` per task (the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -100,8 +101,9 @@ class StepSlices:
 
     ``columns`` has one row per name of ``READ_COLUMNS`` and one column per read. The reads of slice
     ``p`` and task ``t`` are columns ``bounds[g]`` to ``bounds[g + 1]``, ``g = t * count + p``;
-    the shards they read, ascending, are ``file_shards[file_bounds[g]:file_bounds[g + 1]]``. ``order``
-    holds every example's task index; slice ``p``'s are ``order[p * per_slice:(p + 1) * per_slice]``.
+    ``order`` holds every example's task index; slice ``p``'s are ``order[p * per_slice:(p + 1) * per_slice]``.
+    The shards each group reads (its ``TaskReads.files``) are found on the first cut (``_files_read``): the
+    server's compact answers, written from the columns (``StepJson``), never need them.
     """
 
     step: int
@@ -113,8 +115,6 @@ class StepSlices:
     files: tuple[CacheFiles, ...]
     bounds: list[int]
     columns: np.ndarray
-    file_bounds: list[int]
-    file_shards: np.ndarray
     order: np.ndarray
 
     def __len__(self) -> int:
@@ -123,12 +123,8 @@ class StepSlices:
     def __getitem__(self, index: int) -> StepReads:
         if not 0 <= index < self.count:
             raise IndexError(f"Step {self.step} has {self.count} host slices; there is no slice {index}.")
-        bounds, file_bounds, columns, file_shards = (
-            self.bounds,
-            self.file_bounds,
-            self.columns,
-            self.file_shards,
-        )
+        bounds, columns = self.bounds, self.columns
+        file_bounds, file_shards = self._files_read
         tasks = []
         for t, files in enumerate(self.files):
             g = t * self.count + index
@@ -150,6 +146,28 @@ class StepSlices:
             tasks,
             self.order[index * taken : (index + 1) * taken],
         )
+
+
+    @functools.cached_property
+    def _files_read(self) -> tuple[list[int], np.ndarray]:
+        """(file bounds, file shards): the shards group ``g`` reads, ascending, each once, are
+        ``file_shards[file_bounds[g]:file_bounds[g + 1]]``."""
+        bounds = np.array(self.bounds, np.int64)
+        groups, shards = len(bounds) - 1, self.columns[0]
+        group_of_run = np.arange(groups).repeat(bounds[1:] - bounds[:-1])
+        stride = max((len(files.shards) for files in self.files), default=1)
+        if groups * stride <= _PRESENCE_LIMIT:
+            # Few shards: mark the pairs read in a table of every pair and read it back in order (no sort).
+            present = np.zeros((groups, stride), bool)
+            present[group_of_run, shards] = True
+            group_of_file, file_shards = present.nonzero()
+        else:
+            pairs = np.sort(group_of_run * stride + shards)
+            if len(pairs):
+                pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
+            group_of_file, file_shards = pairs // stride, pairs % stride
+        file_shards.flags.writeable = False
+        return group_of_file.searchsorted(np.arange(groups + 1)).tolist(), file_shards
 
 
 def step_slices(tables: RunTables, step: int, count: int) -> StepSlices:
@@ -234,8 +252,6 @@ def _from_runs(
 ) -> StepSlices:
     """From read runs grouped task-major ``(bounds, shards, first_records, counts)`` (as ``task_runs`` gives)."""
     bounds, shards, firsts, counts = runs
-    groups = parts * len(tables.tables)
-    group_of_run = np.arange(groups).repeat(bounds[1:] - bounds[:-1])
     # Little-endian int64 rows: a row's slice is already the bytes encoding=base64 writes.
     columns = np.empty((len(READ_COLUMNS), len(shards)), "<i8")
     columns[0], columns[1], columns[2] = shards, firsts, counts
@@ -243,21 +259,8 @@ def _from_runs(
     for t, table in enumerate(tables.tables):
         a, b = ends[t], ends[t + 1]
         columns[3, a:b], columns[4, a:b] = table.byte_ranges(shards[a:b], firsts[a:b], counts[a:b])
-    # Distinct (group, shard) pairs, sorted: each group's shard files, ascending.
-    stride = max((len(table.shard_uris) for table in tables.tables), default=1)
-    if groups * stride <= _PRESENCE_LIMIT:
-        # Few shards: mark the pairs read in a table of every pair and read it back in order (no sort).
-        present = np.zeros((groups, stride), bool)
-        present[group_of_run, shards] = True
-        group_of_file, file_shards = present.nonzero()
-    else:
-        pairs = np.sort(group_of_run * stride + shards)
-        if len(pairs):
-            pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
-        group_of_file, file_shards = pairs // stride, pairs % stride
-    file_bounds = group_of_file.searchsorted(np.arange(groups + 1))
     order = order.astype("<i8", copy=False)
-    for array in (columns, file_shards, order):
+    for array in (columns, order):
         array.flags.writeable = False
     return StepSlices(
         step=step,
@@ -269,8 +272,6 @@ def _from_runs(
         files=tables.files,
         bounds=bounds.tolist(),
         columns=columns,
-        file_bounds=file_bounds.tolist(),
-        file_shards=file_shards,
         order=order,
     )
 
