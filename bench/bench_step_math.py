@@ -1,15 +1,18 @@
 """In-process cost of a ``/shards`` step's index math and answer, no HTTP (what bench_wrk.py's server spends
-per request before the socket): one host slice computed alone (``step_reads``), a whole step of 8 slices
-(``step_slices``), and the route's ``answer`` for one host and step (index math of one slice alone, its
-JSON, the answer around it), on bench_server.py's runs r64 and r65536 (3-task mixture, global batch 2048,
-8 data shards), at steps far into the run (every task many epochs in, as bench_wrk.py asks).
+per request before the socket): one host slice computed alone as a ``StepReads`` (``step_reads``), a whole
+step of 8 slices (``step_slices``), and a new step's answer as the server writes it for a host whose step
+no other host asked for (``step_json``: the slice alone and its compact JSON, then ``shards_body``), on
+bench_server.py's runs r64 and r65536 (3-task mixture, global batch 2048, 8 data shards), at steps far
+into the run (every task many epochs in, as bench_wrk.py asks).
 
 Run: PYTHONPATH=. python bench/bench_step_math.py [--rounds 7] [--profile r64|r65536]
 
 Each figure is the median over rounds of the mean over 200 fresh steps (steps never repeat, so no cache
 holds them), in CPU time of this process (what the server's CPU per request counts: on a shared machine,
-wall time also counts waiting for a core); the machine's 1-minute load average is printed with them. Builds bench_server.py's caches
-under bench/out/server first if they are not there (minutes, once).
+wall time also counts waiting for a core); the machine's 1-minute load average is printed with them.
+Builds bench_server.py's caches under bench/out/server first if they are not there (minutes, once).
+Compare a tree with another (e.g. main) by running this file under each: PYTHONPATH=TREE python
+bench/bench_step_math.py, the same caches (bench/out/server, a link in the other tree).
 """
 
 from __future__ import annotations

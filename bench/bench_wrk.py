@@ -1,9 +1,13 @@
 """/shards throughput with ``wrk`` (C, one thread, so the load generator is not the bottleneck), next to
 a trivial FastAPI endpoint in the same run, and the server CPU per request that sizes a pod's replicas.
 
-Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--write]
+Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--baseline TREE] [--write]
      PYTHONPATH=. python bench/bench_wrk.py --profile [--write]   (where the server's time goes: py-spy, r64 and
                                                                   r65536, together and distinct)
+
+``--baseline TREE`` serves another source tree too (``git archive main | tar -x -C TREE``), on the same caches
+and runs, and measures its compact r64/r65536 runs right after this tree's in every round: on a machine whose
+speed moves from minute to minute, a before/after comparison in the same rounds.
 
 Servers: ``taskdata serve`` (uvicorn, httptools with taskdata's protocol, one worker, no access log; here
 with ``--first-use-check listing``) over bench_server.py's synthetic caches, and a one-route FastAPI app

@@ -217,7 +217,8 @@ def test_step_json_writes_every_compact_type_as_to_json(count):
         for index in range(count):
             body = to_json(whole[index], "compact")
             assert StepJson(whole, "compact")[index] == body
-            types |= {column.partition(":")[0] for task in json.loads(body)["tasks"] for column in task["reads"].values()}
+            tasks = json.loads(body)["tasks"]
+            types |= {column.partition(":")[0] for task in tasks for column in task["reads"].values()}
     assert types == {"u1", "u2", "u4", "i8"}
     with pytest.raises(IndexError, match="there is no slice 4"):
         StepJson(step_slices(tables, 0, 4), "compact")[4]

@@ -3,6 +3,8 @@ of ``example_arrays``, and the tasks are its tasks, for every kind of plan (and 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,8 +34,7 @@ def assert_equal_to_example_arrays(plan: RunPlan, positions: range, parts: int) 
 @settings(max_examples=80, deadline=None)
 def test_task_runs_equal_the_runs_of_each_slice_and_task(plan: RunPlan, step: int, block: int | None) -> None:
     if block is not None:
-        plan = RunPlan(**{**{f: getattr(plan, f) for f in ("name", "mixture", "caches", "rates", "seed", "schedule",
-                                                         "num_data_shards", "skip")}, "epoch_order": EpochOrder.blocks(block)})
+        plan = dataclasses.replace(plan, epoch_order=EpochOrder.blocks(block))
     positions = plan.positions(step)
     if not fits_int64(plan, positions):
         return

@@ -2,10 +2,11 @@
 
 ``step_slices`` computes a whole step at once, cut into ``count`` equal consecutive host slices: the
 read runs of every (task, slice) in one pass (``task_runs``), their byte ranges in one gather per
-task, and, when a slice is first cut, each group's shard files in one pass. The assignment server computes a step this way once
-and cuts every host's answer from it. ``step_reads`` computes one slice alone (what a host computing
-its own reads needs; ``step_slice`` gives it as a ``StepSlices`` of one slice); both give equal values
-for a slice. Positions beyond int64 take the exact scalar chain instead.
+task, and, when a slice is first cut, each group's shard files in one pass. The assignment server
+computes a step this way once and writes every host's answer from it. ``step_reads`` computes one
+slice alone (what a host computing its own reads needs; ``step_slice`` gives it as a ``StepSlices`` of
+one slice); both give equal values for a slice. Positions beyond int64 take the exact scalar chain
+instead.
 
 Within a slice, a task's consecutive records make one read even when other tasks' examples fall
 between them, so a coarser slice is not the concatenation of its finer slices' reads: at the seams

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import binascii
 import dataclasses
-import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -145,7 +144,7 @@ class StepJson:
         slices = self.slices
         if self.encoding != "compact" or not 0 <= index < slices.count:
             return to_json(slices[index], self.encoding)  # slices[index] names a slice that is not there
-        types, rows, order = self._compact
+        types, rows, order = self._compact()
         size, count, bounds = slices.per_slice, slices.count, slices.bounds
         first = slices.start + index * size
         parts = [_head(slices.step, slices.skipped, slices.global_batch_size, first, first + size)]
@@ -169,11 +168,15 @@ class StepJson:
         parts += [b'],"order":"', order_type, order_text, b'"}']
         return b"".join(parts)
 
-    @functools.cached_property
     def _compact(self) -> tuple[list[list[int]], dict[int, list[memoryview]], tuple[bytes, memoryview]]:
         """Per (task, slice) group, the type of each read column (an index into ``_TYPE_NAMES``); per type
         used, the step's read columns in it, row by row (memoryviews: slicing one costs less than slicing an
-        array); the order's type and the order in it."""
+        array); the order's type and the order in it. Made on first use and kept (not a cached_property:
+        Python 3.11's holds one lock for all instances while it computes, and the server writes steps in
+        worker threads too; two threads may both make it, with equal results)."""
+        made = self.__dict__.get("_made")
+        if made is not None:
+            return made
         slices = self.slices
         columns, bounds = slices.columns, np.array(slices.bounds, np.int64)
         # A group without reads writes empty columns, of type u1 (to_json's bound 0).
@@ -189,7 +192,8 @@ class StepJson:
         }
         order_type, order_dtype = _compact_type(len(slices.files) - 1)
         order = slices.order if order_dtype is None else slices.order.astype(order_dtype)
-        return types.tolist(), rows, (order_type, order.data)
+        made = self.__dict__["_made"] = (types.tolist(), rows, (order_type, order.data))
+        return made
 
 
 # Compact types by code (``_compact_type``'s, in order): code c holds values in [0, _TYPE_LIMITS[c]), the

@@ -79,7 +79,8 @@ def _record_indices(plan: RunPlan, before: tuple[int, ...], per_task: list[int],
     shifts: list[int] = []  # per block: its first record index minus its first entry's place
     permuted: list[tuple[int, int, int]] = []  # (block, task, epoch) of the blocks past epoch 0
     done = 0
-    for task, (first, count, num_records) in enumerate(zip(before, per_task, plan.tables.num_records.tolist(), strict=True)):
+    records_per_task = plan.tables.num_records.tolist()
+    for task, (first, count, num_records) in enumerate(zip(before, per_task, records_per_task, strict=True)):
         epoch, offset = divmod(first, num_records)
         while count:
             length = min(count, num_records - offset)
@@ -109,11 +110,14 @@ def _record_indices(plan: RunPlan, before: tuple[int, ...], per_task: list[int],
         block_lengths = [lengths[block] for block in blocks]
     offsets = indices if where is None else indices[where]
     if block_size is None:
-        orders = [_epoch_permutation(plan.seed, names[t], epoch, layouts[t].num_records) for _, t, epoch in permuted]
+        orders = [
+            _epoch_permutation(plan.seed, names[t], epoch, layouts[t].num_records) for _, t, epoch in permuted
+        ]
         permuted_indices = permute_blocks(orders, block_lengths, offsets)
     else:
         block_orders = [
-            block_permutation(plan.seed, names[t], epoch, layouts[t].num_records, block_size) for _, t, epoch in permuted
+            block_permutation(plan.seed, names[t], epoch, layouts[t].num_records, block_size)
+            for _, t, epoch in permuted
         ]
         which = np.arange(len(blocks), dtype=np.int64).repeat(block_lengths)
         permuted_indices = block_permute_many(block_orders, which, offsets)
