@@ -66,6 +66,23 @@ r64 48% of the trivial endpoint against base64's 47%, r65536 47% against 41%; di
 Profiled (``--profile --encoding compact``, load 0.7-0.8), r64 together is 173 us/request: index math of the
 whole step 63, JSON 36, socket write 23, event loop 22, answer and door 24; distinct 318, of which one slice's
 index math 198. What is left per request is Python: index math first, then the door and the event loop.
+
+Issue 18 item 1 then cut the index math and the JSON (``taskdata.index.task_runs``: a step task by task, mixing
+read from one kept period, epochs cut in Python, the Feistel rounds as table lookups, no sort; ``StepJson``:
+what all slices of a step share written once). In one process (``bench_step_math.py``, CPU time, load 0.9),
+against main at 330c874 in the same minutes: a whole r64 step 178 us (min 169) against 554 (479), r65536
+361 (334) against 643 (569); one slice alone 134 (105) against 214 (202), r65536 192 (153) against 242 (220).
+Under wrk with ``--baseline`` (3 rounds, load 0.9-1.7; trivial endpoint 97 us/request on this day, 73 on
+2026-11-24), server CPU per request, compact: r64 together 173 us against 246, distinct 346 against 484;
+r65536 together 179 against 266, distinct 362 against 487; of the trivial endpoint 56% / 28% / 54% / 27%
+against 40% / 20% / 37% / 20%. An earlier 3-round run at load 1.0-3.4 gave 57% / 31% / 49% / 26% against
+48% / 23% / 40% / 20%: the targets (60% together, 30% distinct) are not met. Profiled (load 0.9-1.0, with
+py-spy's own cost), r64 together is 198 us/request: whole step 53, JSON 34, event loop 39, socket 30, answer
+and door 37; distinct 443, of which one slice alone 196 and its JSON 82. A slice alone costs ~105-190 us in one
+process but ~200 in the server, probably because its numpy work runs on caches the HTTP work has just evicted
+(in one process, writing 8 MB between calls adds 20-40 us to a slice and its JSON, most for r65536's
+65,536-shard tables): fewer and smaller memory touches (the shard finder's and the byte ranges' gathers) are
+what is left to cut, with the door and the event loop.
 """
 
 from __future__ import annotations
