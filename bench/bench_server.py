@@ -163,10 +163,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(command: list[str], port: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def start(command: list[str], port: int, log: Path, tree: Path = REPO) -> subprocess.Popen:
+    """Runs ``command`` with the source ``tree`` (default: this repository) as its working folder and path."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:

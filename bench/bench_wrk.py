@@ -1,9 +1,13 @@
 """/shards throughput with ``wrk`` (C, one thread, so the load generator is not the bottleneck), next to
 a trivial FastAPI endpoint in the same run, and the server CPU per request that sizes a pod's replicas.
 
-Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--write]
+Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--baseline TREE] [--write]
      PYTHONPATH=. python bench/bench_wrk.py --profile [--write]   (where the server's time goes: py-spy, r64 and
                                                                   r65536, together and distinct)
+
+``--baseline TREE`` serves another source tree too (``git archive main | tar -x -C TREE``), on the same caches
+and runs, and measures its compact r64/r65536 runs right after this tree's in every round: on a machine whose
+speed moves from minute to minute, a before/after comparison in the same rounds.
 
 Servers: ``taskdata serve`` (uvicorn, httptools with taskdata's protocol, one worker, no access log; here
 with ``--first-use-check listing``) over bench_server.py's synthetic caches, and a one-route FastAPI app
@@ -62,6 +66,23 @@ r64 48% of the trivial endpoint against base64's 47%, r65536 47% against 41%; di
 Profiled (``--profile --encoding compact``, load 0.7-0.8), r64 together is 173 us/request: index math of the
 whole step 63, JSON 36, socket write 23, event loop 22, answer and door 24; distinct 318, of which one slice's
 index math 198. What is left per request is Python: index math first, then the door and the event loop.
+
+Issue 18 item 1 then cut the index math and the JSON (``taskdata.index.task_runs``: a step task by task, mixing
+read from one kept period, epochs cut in Python, the Feistel rounds as table lookups, no sort; ``StepJson``:
+what all slices of a step share written once). In one process (``bench_step_math.py``, CPU time, load 0.9),
+against main at 330c874 in the same minutes: a whole r64 step 178 us (min 169) against 554 (479), r65536
+361 (334) against 643 (569); one slice alone 134 (105) against 214 (202), r65536 192 (153) against 242 (220).
+Under wrk with ``--baseline`` (3 rounds, load 0.9-1.7; trivial endpoint 97 us/request on this day, 73 on
+2026-11-24), server CPU per request, compact: r64 together 173 us against 246, distinct 346 against 484;
+r65536 together 179 against 266, distinct 362 against 487; of the trivial endpoint 56% / 28% / 54% / 27%
+against 40% / 20% / 37% / 20%. An earlier 3-round run at load 1.0-3.4 gave 57% / 31% / 49% / 26% against
+48% / 23% / 40% / 20%: the targets (60% together, 30% distinct) are not met. Profiled (load 0.9-1.0, with
+py-spy's own cost), r64 together is 198 us/request: whole step 53, JSON 34, event loop 39, socket 30, answer
+and door 37; distinct 443, of which one slice alone 196 and its JSON 82. A slice alone costs ~105-190 us in one
+process but ~200 in the server, probably because its numpy work runs on caches the HTTP work has just evicted
+(in one process, writing 8 MB between calls adds 20-40 us to a slice and its JSON, most for r65536's
+65,536-shard tables): fewer and smaller memory touches (the shard finder's and the byte ranges' gathers) are
+what is left to cut, with the door and the event loop.
 """
 
 from __future__ import annotations
@@ -147,9 +168,9 @@ def wrk(script: str, port: int, pid: int, connections: int, seconds: int, **env:
 BUCKETS = [
     ("writing the answer to the socket (uvicorn send)", "RequestResponseCycle.send (uvicorn"),
     ("index math of a whole step (8 slices)", "step_slices (taskdata/index/host_reads.py"),
-    ("index math of one slice alone", "step_reads (taskdata/index/host_reads.py"),
-    ("the step's JSON (base64 columns, files)", "to_json (taskdata/index/reads_json.py"),
-    ("a slice cut from its whole step, step LRU", "AnswerCache.step_reads (server/assignments.py"),
+    ("index math of one slice alone", "step_slice (taskdata/index/host_reads.py"),
+    ("the step's JSON (base64 columns, files)", "(taskdata/index/reads_json.py"),
+    ("a slice cut from its whole step, step LRU", "AnswerCache.step_json (server/assignments.py"),
     ("the answer around them (run, answer LRU, head)", "answer (server/routers/shards.py"),
     ("FastAPI and its middleware (requests not answered at the door)", "FastAPI.__call__ (fastapi"),
     ("the door (query, token, metrics)", "AssignmentService.__call__ (server/shards_fast.py"),
@@ -304,6 +325,11 @@ CONFIGS = [
 ]
 
 
+# Measured on the --baseline server too, right after this tree's, in every round.
+BASELINE_CONFIGS = [label for label, run, _h, _m, _s, connections, encoding in CONFIGS
+                    if run in ("r64", "r65536") and connections > 1 and encoding == "compact"]
+
+
 def latency_only(port: int, pid: int, script: str, args: argparse.Namespace) -> None:
     """p50/p99 at one connection (r64, hosts of a step together), the server doing nothing else."""
     label, run, hosts, mode, steps, connections, encoding = CONFIGS[-1]
@@ -340,6 +366,9 @@ def main() -> None:
                              "between its rounds: the p99 target asks for a quiet machine")
     parser.add_argument("--encoding", default="compact", choices=("compact", "base64"),
                         help="the encoding --profile asks for (the throughput runs measure both)")
+    parser.add_argument("--baseline", type=Path, metavar="TREE",
+                        help="another source tree (e.g. git archive main | tar -x -C TREE) served too, on the same caches: "
+                             "its r64 and r65536 compact throughput runs right after this tree's in every round")
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_trivial:
@@ -357,12 +386,20 @@ def main() -> None:
                    port, work / "server.log")
     trivial = start([sys.executable, __file__, "--serve-trivial", str(trivial_port)], trivial_port,
                     work / "trivial.log")
+    base_port = free_port()
+    baseline = None if args.baseline is None else start(
+        [sys.executable, "-m", "taskdata", "serve", "--cache-root", str(root), "--runs-file", str(work / "runs.json"),
+         "--port", str(base_port), "--no-access-log", "--first-use-check", "listing"],
+        base_port, work / "baseline.log", tree=args.baseline.resolve())
     loads = [f"{os.getloadavg()[0]:.1f}"]
     try:
-        for run in ("r64", "r65536", *(f"pod{n}" for n in POD_SHARDS)):  # first use (listing) before anything is timed
+        # First use (listing) before anything is timed.
+        ready = [(port, run) for run in ("r64", "r65536", *(f"pod{n}" for n in POD_SHARDS))]
+        ready += [(base_port, run) for run in ("r64", "r65536") if baseline is not None]
+        for at, run in ready:
             started = time.monotonic()
             while subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-                                  f"http://127.0.0.1:{port}/shards?host=0&step=0&run={run}"],
+                                  f"http://127.0.0.1:{at}/shards?host=0&step=0&run={run}"],
                                  capture_output=True, text=True).stdout != "200":
                 if time.monotonic() - started > 600:
                     raise SystemExit(f"run {run} not ready after 600 s")
@@ -380,12 +417,17 @@ def main() -> None:
         for round_ in range(args.rounds):
             for i, (label, run, hosts, mode, steps, connections, encoding) in enumerate(CONFIGS):
                 target, pid = (trivial_port, trivial.pid) if run is None else (port, server.pid)
-                base = 10_000 + (round_ * len(CONFIGS) + i) * 10_000_000  # fresh steps every time
-                load = os.getloadavg()[0]
-                results[label].append(wrk(str(script), target, pid, connections, args.seconds, MODE=mode,
-                                          RUN=run or "", HOSTS=hosts, STEPS=steps, BASE=base, ENCODING=encoding))
-                results[label][-1]["load"] = (load + os.getloadavg()[0]) / 2
-                print(label, {k: round(v, 1) for k, v in results[label][-1].items()}, flush=True)
+                servers = [(label, target, pid)]
+                if baseline is not None and label in BASELINE_CONFIGS:
+                    servers.append((f"baseline: {label}", base_port, baseline.pid))
+                for name, at, pid in servers:
+                    base = 10_000 + (round_ * len(CONFIGS) + i) * 10_000_000  # fresh steps every time
+                    load = os.getloadavg()[0]
+                    results.setdefault(name, []).append(wrk(
+                        str(script), at, pid, connections, args.seconds, MODE=mode, RUN=run or "", HOSTS=hosts,
+                        STEPS=steps, BASE=base, ENCODING=encoding))
+                    results[name][-1]["load"] = (load + os.getloadavg()[0]) / 2
+                    print(name, {k: round(v, 1) for k, v in results[name][-1].items()}, flush=True)
             loads.append(f"{os.getloadavg()[0]:.1f}")
         bursts = {shards: [] for shards in POD_SHARDS}
         for round_ in range(args.rounds):
@@ -397,6 +439,8 @@ def main() -> None:
     finally:
         stop(trivial)
         stop(server)
+        if baseline is not None:
+            stop(baseline)
     med = {label: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for label, rs in results.items()}
     ceiling = med["trivial endpoint"]["rate"]
     lines = []
@@ -411,6 +455,14 @@ def main() -> None:
             f"p50 {m['p50_us'] / 1e3:.2f} ms, p99 {m['p99_us'] / 1e3:.2f} ms, {m['bytes'] / m['requests']:,.0f} "
             f"bytes/answer, server CPU {m['server_cpu_us']:,.0f} us/request, wrk {m['wrk_cpu']:.0%} of a core; "
             f"load {', '.join(format(r['load'], '.1f') for r in results[label])}"
+        )
+    for label in BASELINE_CONFIGS if baseline is not None else ():
+        m = med[f"baseline: {label}"]
+        lines.append(
+            f"baseline ({args.baseline}), {label}: {m['rate']:,.0f} req/s = {m['rate'] / ceiling:.0%} of the trivial "
+            f"endpoint (this tree: {med[label]['rate'] / ceiling:.0%}), server CPU {m['server_cpu_us']:,.0f} us/request "
+            f"(this tree: {med[label]['server_cpu_us']:,.0f}); load "
+            f"{', '.join(format(r['load'], '.1f') for r in results[f'baseline: {label}'])}"
         )
     for shards in POD_SHARDS:
         b = {key: statistics.median(r[key] for r in bursts[shards]) for key in bursts[shards][0]}

@@ -11,8 +11,9 @@ slice alone, and a second host of that step computes the whole step. (Two steps,
 for consecutive steps overlap, and the first of a step may come before the second of the step
 before.) Whole steps are kept in a small LRU.
 
-Each step's JSON (``taskdata.index.to_json``) depends only on (run, plan fingerprint, host slice,
-step, encoding), so it is kept by that key in a bounded LRU; nothing in it differs between processes,
+Each step's JSON (``taskdata.index.to_json``, written by the step's ``taskdata.index.StepJson``, which does
+what all slices of a step share once) depends only on (run, plan fingerprint, host slice, step,
+encoding), so it is kept by that key in a bounded LRU; nothing in it differs between processes,
 so any replica returns the same bytes. (A run's plan may gain stages: the fingerprint in the key keeps
 answers of the plan before from being served after.) ``server.models.ShardsResponse`` documents the
 shape; the tests validate answers against it.
@@ -27,7 +28,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from taskdata.index import CacheFiles, RunTables, StepReads, StepSlices, step_reads, step_slices, to_json
+from taskdata.index import CacheFiles, RunTables, StepJson, StepReads, StepSlices, step_slice, step_slices
 from taskdata.index.columns import ColumnEncoding
 from taskdata.runs import ResolvedCache, StoredRun
 
@@ -49,7 +50,7 @@ def step_json(
     encoding: ColumnEncoding,
 ) -> bytes:
     """The JSON of one step (``server.models.StepReads``) for host slice ``index`` of ``count``."""
-    return to_json(memory.step_reads(run, tables, step, index, count), encoding)
+    return memory.step_json(run, tables, step, index, count, encoding)
 
 
 def shards_body(
@@ -87,6 +88,8 @@ class _Step:
 
     asked: int = 0
     slices: StepSlices | None = None
+    # Per encoding, the writer of the step's slices' JSON (what is the same for every slice, done once).
+    json: dict[str, StepJson] = dataclasses.field(default_factory=dict)
 
 
 class AnswerCache:
@@ -161,6 +164,26 @@ class AnswerCache:
         """Slice ``index`` of ``count`` at ``step``: cut from the whole step, or computed alone when the
         step is new and the run's last two new steps were asked for once each (module docstring). Two
         threads may both compute a step: equal results."""
+        slices, at, _ = self._slices(run, tables, step, index, count)
+        return slices[at]
+
+    def step_json(
+        self, run: str, tables: RunTables, step: int, index: int, count: int, encoding: ColumnEncoding
+    ) -> bytes:
+        """``to_json`` of ``step_reads``, written by the step's ``StepJson`` (kept with the whole step)."""
+        slices, at, entry = self._slices(run, tables, step, index, count)
+        if entry is None:
+            return StepJson(slices, encoding)[at]
+        writer = entry.json.get(encoding)
+        if writer is None:  # two threads may both make one: equal results
+            writer = entry.json[encoding] = StepJson(slices, encoding)
+        return writer[at]
+
+    def _slices(
+        self, run: str, tables: RunTables, step: int, index: int, count: int
+    ) -> tuple[StepSlices, int, _Step | None]:
+        """(a ``StepSlices``, the slice's index in it, the step's entry if it holds them): the whole step,
+        or the slice computed alone (``step_reads``), with no entry."""
         fingerprint = tables.plan.fingerprint()
         key, run_key = (run, fingerprint, step, count), (run, fingerprint, count)
         with self._lock:
@@ -181,10 +204,10 @@ class AnswerCache:
             slices = entry.slices
         if slices is None:
             if not whole:
-                return step_reads(tables, step, index, count)
+                return step_slice(tables, step, index, count), 0, None
             # An entry pushed out of the LRU meanwhile is dropped with what it holds: the bound stands.
             slices = entry.slices = step_slices(tables, step, count)
-        return slices[index]
+        return slices, index, entry
 
     def clear_step_slices(self) -> None:
         """Forgets every step (benchmarks use it to time a step's index math alone)."""

@@ -39,6 +39,7 @@ from taskdata.index import (
     read_runs,
     slice_positions,
 )
+from taskdata.index.permutation import permute_blocks
 from taskdata.index.tables import ShardFinder
 
 
@@ -246,6 +247,40 @@ def test_permute_many_equals_each_permutation(
     got = permute_many(perms, np.array(which), np.array(indices, dtype=np.int64))
     assert got.dtype == np.int64
     assert got.tolist() == [perms[w](i) for w, i in zip(which, indices, strict=True)]
+
+
+@given(
+    permutations=st.lists(st.tuples(sizes, st.integers(0, 2**64 - 1)), min_size=1, max_size=5),
+    lengths=st.lists(st.sampled_from([0, 1, 5, 17, 300]), min_size=5, max_size=5),
+    seed=st.integers(0, 2**32),
+)
+@settings(max_examples=150, deadline=None)
+def test_permute_blocks_equals_permute_many(
+    permutations: list[tuple[int, int]], lengths: list[int], seed: int
+) -> None:
+    # Sizes up to 2**24 take the round tables, larger ones permute_many itself; sizes just above a power of
+    # two walk (both in the tables and one at a time).
+    perms = [EpochPermutation(size, key) for size, key in permutations]
+    lengths = lengths[: len(perms)]
+    rng = random.Random(seed)
+    indices = [
+        rng.choice([0, p.size - 1, rng.randrange(p.size)]) for p, n in zip(perms, lengths, strict=True) for _ in range(n)
+    ]
+    got = permute_blocks(perms, lengths, np.array(indices, dtype=np.int64))
+    assert got.dtype == np.int64
+    which = np.repeat(np.arange(len(perms)), lengths)
+    assert got.tolist() == permute_many(perms, which, np.array(indices, dtype=np.int64)).tolist()
+
+
+def test_permute_blocks_walks_like_the_scalar_code() -> None:
+    epochs_and_sizes = ((1, 1025), (2, 129), (3, 1), (4, 2**24))
+    perms = [EpochPermutation.for_epoch(9, "t", epoch, size) for epoch, size in epochs_and_sizes]
+    lengths = [1025, 129, 1, 3]
+    indices = np.concatenate([np.arange(1025), np.arange(129), [0], [0, 5, 2**24 - 1]])
+    got = permute_blocks(perms, lengths, indices)
+    which = np.repeat(np.arange(4), lengths)
+    assert got.tolist() == [perms[w](i) for w, i in zip(which.tolist(), indices.tolist(), strict=True)]
+    assert sorted(got[:1025].tolist()) == list(range(1025))
 
 
 def test_permute_many_walks_whole_permutations_like_the_scalar_code() -> None:

@@ -114,3 +114,29 @@ def test_invalid_rates_are_named(rates: list, message: str) -> None:
 def test_weights_must_be_in_lowest_terms() -> None:
     with pytest.raises(PlanError, match=r"lowest terms \(gcd 1\) but got \(2, 4\): use Mixing.from_rates"):
         Mixing((2, 4))
+
+
+@given(
+    weights=st.lists(st.integers(1, 40), min_size=1, max_size=5),
+    start=st.one_of(st.integers(0, 10**4), st.integers(0, 10**15), st.integers(2**63 - 30_000, 2**63 + 10)),
+    length=st.sampled_from([0, 1, 255, 2048, 8191, 8192, 8193, 20_000]),
+)
+@settings(max_examples=60, deadline=None)
+def test_ranges_read_from_the_period_equal_locate(weights: list[int], start: int, length: int) -> None:
+    # Small weights: ranges come from one period (short ranges) or by splitting node by node (longer than the
+    # kept periods, or ending past 2**63); the positions checked one by one are a sample of the range.
+    mixing = Mixing.from_rates(weights)
+    tasks, task_positions = mixing.locate_range(start, start + length)
+    for i in sorted({0, length // 3, length - 1, *range(0, length, 97)} & set(range(length))):
+        assert (int(tasks[i]), int(task_positions[i])) == mixing.locate(start + i)
+
+
+@given(weights=st.lists(weight, min_size=1, max_size=4), lap=st.integers(0, 10**12))
+@settings(max_examples=100, deadline=None)
+def test_the_interleaving_repeats_every_sum_of_weights(weights: list[int], lap: int) -> None:
+    # What Mixing._period relies on: position p + W (W = sum of weights) is p's task, w_task examples later.
+    mixing = Mixing.from_rates(weights)
+    total = sum(mixing.weights)
+    for p in (0, 1, total // 2, total - 1):
+        task, position = mixing.locate(p)
+        assert mixing.locate(p + lap * total) == (task, position + lap * mixing.weights[task])

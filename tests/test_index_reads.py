@@ -26,6 +26,7 @@ from taskdata.index import (
     RunPlan,
     RunTables,
     SkipRange,
+    StepJson,
     StepReads,
     TaskCache,
     TaskReads,
@@ -34,6 +35,7 @@ from taskdata.index import (
     host_reads,
     host_slice_for,
     step_reads,
+    step_slice,
     step_slices,
     to_json,
 )
@@ -171,10 +173,14 @@ def test_the_reads_of_a_host_slice_are_one_value_however_they_are_made(case, cou
         assert checked(reads) == reads  # the index math's values pass every check
         assert reads == reads_from_assign(tables, step, index, count)
         assert whole[index] == reads
+        alone = step_slice(tables, step, index, count)
+        assert len(alone) == 1 and alone[0] == reads
         for encoding in ENCODINGS:
             body = to_json(reads, encoding)
             assert json.dumps(json.loads(body), separators=(",", ":")).encode() == body
             assert from_json(body) == reads
+            # The server's writer of a step's slices writes the same bytes, from the whole step or the slice.
+            assert StepJson(whole, encoding)[index] == body == StepJson(alone, encoding)[0]
     # A coarser slice reads the union of the finer slices it covers, in order.
     if count > 1:
         coarse = step_reads(tables, step, 0, 1)
@@ -191,6 +197,31 @@ def test_the_scalar_chain_gives_the_arrays_reads(case, count):
         scalar = step_slices(tables, step, count)
         assert [scalar[i] for i in range(count)] == arrays
         assert [step_reads(tables, step, i, count) for i in range(count)] == arrays
+
+
+class WideTable(MemoryTable):
+    """Records of shard ``s`` take ``2**(8 * (s % 4) + 6)`` bytes: byte columns of every compact type."""
+
+    def __init__(self, task: str, counts: tuple[int, ...]):
+        super().__init__(task, counts)
+        self.offsets = [np.arange(n + 1, dtype=np.int64) << (8 * (s % 4) + 6) for s, n in enumerate(counts)]
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_step_json_writes_every_compact_type_as_to_json(count):
+    plan = make_plan({"a": (40, 3, 7, 9, 2), "b": (5, 300)}, {"a": 3, "b": 1}, schedule=BatchSchedule.constant(64))
+    tables = RunTables.of(plan, [WideTable(t, plan.caches[t].shard_record_counts) for t in plan.task_names])
+    types = set()
+    for step in (0, 1, 5, 60, 2**63 // 64 + 1):
+        whole = step_slices(tables, step, count)
+        for index in range(count):
+            body = to_json(whole[index], "compact")
+            assert StepJson(whole, "compact")[index] == body
+            tasks = json.loads(body)["tasks"]
+            types |= {column.partition(":")[0] for task in tasks for column in task["reads"].values()}
+    assert types == {"u1", "u2", "u4", "i8"}
+    with pytest.raises(IndexError, match="there is no slice 4"):
+        StepJson(step_slices(tables, 0, 4), "compact")[4]
 
 
 def test_positions_past_int64_take_the_scalar_chain():

@@ -27,6 +27,7 @@ from taskdata.index.host_reads import (
     StepSlices,
     host_slice_for,
     step_reads,
+    step_slice,
     step_slices,
 )
 from taskdata.index.layout import ShardLayout
@@ -37,7 +38,7 @@ from taskdata.index.plan import INDEX_MATH_VERSION, RunPlan, SkipRange, TaskCach
 from taskdata.index.progress import RunProgress, TaskProgress, progress
 from taskdata.index.read_bound import reads_bound, runs_per_block
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
-from taskdata.index.reads_json import MAX_LOOKAHEAD, from_json, to_json
+from taskdata.index.reads_json import MAX_LOOKAHEAD, StepJson, from_json, to_json
 from taskdata.index.schedule import BatchSchedule
 from taskdata.index.stages import STAGE_SYNTAX, Stage, StagedMixing, StagedSchedule, parse_stage
 
@@ -69,6 +70,7 @@ __all__ = [
     "Stage",
     "StagedMixing",
     "StagedSchedule",
+    "StepJson",
     "StepReads",
     "StepSlices",
     "TaskCache",
@@ -97,6 +99,7 @@ __all__ = [
     "runs_per_block",
     "slice_positions",
     "step_reads",
+    "step_slice",
     "step_slices",
     "task_position_in",
     "task_position_of",

@@ -1,11 +1,12 @@
 """A step's reads, computed: positions -> examples -> read runs -> byte ranges, for host slices.
 
-``step_slices`` computes a whole step at once, cut into ``count`` equal consecutive host slices:
-``example_arrays`` over every position, the read runs of every (slice, task) in one grouped pass
-(``ExampleArrays.grouped_runs``), their byte ranges in one gather per task, and each group's shard
-files in one sort. The assignment server computes a step this way once and cuts every host's answer
-from it. ``step_reads`` computes one slice alone (what a host computing its own reads needs); both
-give equal values for a slice. Positions beyond int64 take the exact scalar chain instead.
+``step_slices`` computes a whole step at once, cut into ``count`` equal consecutive host slices: the
+read runs of every (task, slice) in one pass (``task_runs``), their byte ranges in one gather per
+task, and, when a slice is first cut, each group's shard files in one pass. The assignment server
+computes a step this way once and writes every host's answer from it. ``step_reads`` computes one
+slice alone (what a host computing its own reads needs; ``step_slice`` gives it as a ``StepSlices`` of
+one slice); both give equal values for a slice. Positions beyond int64 take the exact scalar chain
+instead.
 
 Within a slice, a task's consecutive records make one read even when other tasks' examples fall
 between them, so a coarser slice is not the concatenation of its finer slices' reads: at the seams
@@ -18,18 +19,23 @@ Nothing here reads a file: byte ranges come from a ``ShardTable`` per task (the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
-from taskdata.index.arrays import example_arrays, fits_int64
+from taskdata.index.arrays import fits_int64
 from taskdata.index.assign import examples_at, read_runs, slice_positions
 from taskdata.index.errors import PlanError
 from taskdata.index.plan import RunPlan, data_shard_for_host
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, StepReads, assemble
+from taskdata.index.task_runs import task_runs
 
-__all__ = ["RunTables", "ShardTable", "StepSlices", "host_slice_for", "step_reads", "step_slices"]
+__all__ = ["RunTables", "ShardTable", "StepSlices", "host_slice_for", "step_reads", "step_slice", "step_slices"]
+
+# Up to this many (host slice, task, shard) triples, a step's files are found in a table of all of them.
+_PRESENCE_LIMIT = 2**16
 
 
 class ShardTable(Protocol):
@@ -95,9 +101,10 @@ class StepSlices:
     """The reads of a step cut into ``count`` equal consecutive host slices; ``slices[i]`` is slice ``i``.
 
     ``columns`` has one row per name of ``READ_COLUMNS`` and one column per read. The reads of slice
-    ``p`` and task ``t`` are columns ``bounds[g]`` to ``bounds[g + 1]``, ``g = p * num_tasks + t``;
-    the shards they read, ascending, are ``file_shards[file_bounds[g]:file_bounds[g + 1]]``. ``order``
-    holds every example's task index; slice ``p``'s are ``order[p * per_slice:(p + 1) * per_slice]``.
+    ``p`` and task ``t`` are columns ``bounds[g]`` to ``bounds[g + 1]``, ``g = t * count + p``;
+    ``order`` holds every example's task index; slice ``p``'s are ``order[p * per_slice:(p + 1) * per_slice]``.
+    The shards each group reads (its ``TaskReads.files``) are found on the first cut (``_files_read``): the
+    server's compact answers, written from the columns (``StepJson``), never need them.
     """
 
     step: int
@@ -109,8 +116,6 @@ class StepSlices:
     files: tuple[CacheFiles, ...]
     bounds: list[int]
     columns: np.ndarray
-    file_bounds: list[int]
-    file_shards: np.ndarray
     order: np.ndarray
 
     def __len__(self) -> int:
@@ -119,16 +124,11 @@ class StepSlices:
     def __getitem__(self, index: int) -> StepReads:
         if not 0 <= index < self.count:
             raise IndexError(f"Step {self.step} has {self.count} host slices; there is no slice {index}.")
-        num_tasks = len(self.files)
-        bounds, file_bounds, columns, file_shards = (
-            self.bounds,
-            self.file_bounds,
-            self.columns,
-            self.file_shards,
-        )
+        bounds, columns = self.bounds, self.columns
+        file_bounds, file_shards = self._files_read
         tasks = []
         for t, files in enumerate(self.files):
-            g = index * num_tasks + t
+            g = t * self.count + index
             tasks.append(
                 (
                     files,
@@ -149,6 +149,28 @@ class StepSlices:
         )
 
 
+    @functools.cached_property
+    def _files_read(self) -> tuple[list[int], np.ndarray]:
+        """(file bounds, file shards): the shards group ``g`` reads, ascending, each once, are
+        ``file_shards[file_bounds[g]:file_bounds[g + 1]]``."""
+        bounds = np.array(self.bounds, np.int64)
+        groups, shards = len(bounds) - 1, self.columns[0]
+        group_of_run = np.arange(groups).repeat(bounds[1:] - bounds[:-1])
+        stride = max((len(files.shards) for files in self.files), default=1)
+        if groups * stride <= _PRESENCE_LIMIT:
+            # Few shards: mark the pairs read in a table of every pair and read it back in order (no sort).
+            present = np.zeros((groups, stride), bool)
+            present[group_of_run, shards] = True
+            group_of_file, file_shards = present.nonzero()
+        else:
+            pairs = np.sort(group_of_run * stride + shards)
+            if len(pairs):
+                pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
+            group_of_file, file_shards = pairs // stride, pairs % stride
+        file_shards.flags.writeable = False
+        return group_of_file.searchsorted(np.arange(groups + 1)).tolist(), file_shards
+
+
 def step_slices(tables: RunTables, step: int, count: int) -> StepSlices:
     """``step``'s reads for each of ``count`` equal consecutive host slices, computed together."""
     return _compute(tables, step, tables.plan.positions(step), count)
@@ -156,8 +178,13 @@ def step_slices(tables: RunTables, step: int, count: int) -> StepSlices:
 
 def step_reads(tables: RunTables, step: int, index: int, count: int) -> StepReads:
     """The reads of host slice ``index`` of ``count`` at ``step``, computed alone."""
-    positions = slice_positions(tables.plan, step, index, count)
-    return _compute(tables, step, positions, 1)[0]
+    return step_slice(tables, step, index, count)[0]
+
+
+def step_slice(tables: RunTables, step: int, index: int, count: int) -> StepSlices:
+    """Host slice ``index`` of ``count`` at ``step`` computed alone, as the one slice of a ``StepSlices``
+    (``step_reads`` is its slice 0)."""
+    return _compute(tables, step, slice_positions(tables.plan, step, index, count), 1)
 
 
 def _compute(tables: RunTables, step: int, positions: range, parts: int) -> StepSlices:
@@ -175,9 +202,8 @@ def _compute(tables: RunTables, step: int, positions: range, parts: int) -> Step
         runs = (np.zeros(parts * num_tasks + 1, np.int64), nothing, nothing, nothing)
         order = nothing
     elif fits_int64(plan, positions):
-        arrays = example_arrays(plan, positions)
-        runs = arrays.grouped_runs(parts, num_tasks)
-        order = arrays.tasks
+        bounds, shards, firsts, counts, order = task_runs(plan, positions, parts)
+        runs = (bounds, shards, firsts, counts)
     else:
         runs, order = _scalar_runs(plan, positions, parts)
     return _from_runs(tables, step, skipped, positions.start, size // parts, parts, runs, order)
@@ -186,13 +212,13 @@ def _compute(tables: RunTables, step: int, positions: range, parts: int) -> Step
 def _scalar_runs(
     plan: RunPlan, positions: range, parts: int
 ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
-    """``grouped_runs`` and the task order by the exact scalar chain, for positions beyond int64.
+    """``task_runs`` by the exact scalar chain, for positions beyond int64.
 
     Shards and records are small numbers whatever the position.
     """
     index = {name: i for i, name in enumerate(plan.task_names)}
     per_slice = len(positions) // parts
-    groups: list[list[list[int]]] = []
+    groups: list = []
     order: list[int] = []
     for part in range(parts):
         first = positions.start + part * per_slice
@@ -207,7 +233,9 @@ def _scalar_runs(
                 reads[-1][2] += run.count
             else:
                 reads.append([run.shard, run.first_record, run.count])
-        groups += per_task
+        groups.append(per_task)
+    # Task-major, as task_runs groups them.
+    groups = [groups[part][t] for t in range(len(plan.task_names)) for part in range(parts)]
     table = np.array([r for reads in groups for r in reads], np.int64).reshape(-1, 3)
     bounds = np.cumsum([0] + [len(reads) for reads in groups])
     return (bounds, table[:, 0], table[:, 1], table[:, 2]), np.array(order, np.int64)
@@ -223,27 +251,17 @@ def _from_runs(
     runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     order: np.ndarray,
 ) -> StepSlices:
-    """From grouped read runs ``(bounds, shards, first_records, counts)`` (as ``grouped_runs`` gives)."""
+    """From read runs grouped task-major ``(bounds, shards, first_records, counts)`` (as ``task_runs`` gives)."""
     bounds, shards, firsts, counts = runs
-    num_tasks = len(tables.tables)
-    groups = parts * num_tasks
-    group_of_run = np.repeat(np.arange(groups), np.diff(bounds))
     # Little-endian int64 rows: a row's slice is already the bytes encoding=base64 writes.
     columns = np.empty((len(READ_COLUMNS), len(shards)), "<i8")
     columns[0], columns[1], columns[2] = shards, firsts, counts
-    task_of_run = group_of_run % num_tasks
+    ends = bounds[::parts].tolist()  # task t's runs are ends[t] to ends[t + 1]
     for t, table in enumerate(tables.tables):
-        mine = np.flatnonzero(task_of_run == t)
-        columns[3, mine], columns[4, mine] = table.byte_ranges(shards[mine], firsts[mine], counts[mine])
-    # Distinct (group, shard) pairs, sorted: each group's shard files, ascending.
-    stride = max((len(table.shard_uris) for table in tables.tables), default=1)
-    pairs = np.sort(group_of_run * stride + shards)
-    if len(pairs):
-        pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
-    file_bounds = np.searchsorted(pairs // stride, np.arange(groups + 1))
-    file_shards = pairs % stride
+        a, b = ends[t], ends[t + 1]
+        columns[3, a:b], columns[4, a:b] = table.byte_ranges(shards[a:b], firsts[a:b], counts[a:b])
     order = order.astype("<i8", copy=False)
-    for array in (columns, file_shards, order):
+    for array in (columns, order):
         array.flags.writeable = False
     return StepSlices(
         step=step,
@@ -255,8 +273,6 @@ def _from_runs(
         files=tables.files,
         bounds=bounds.tolist(),
         columns=columns,
-        file_bounds=file_bounds.tolist(),
-        file_shards=file_shards,
         order=order,
     )
 

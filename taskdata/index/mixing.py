@@ -55,6 +55,11 @@ __all__ = ["Mixing"]
 _EXACT_TOP = 8
 _INT64_MAX = 2**63 - 1
 _SCALAR_SLOTS = 4
+# The interleaving repeats every W = sum(weights) positions (``_period``): up to this W, a few periods are kept
+# as three int64 arrays (under 1 MiB) and ranges of up to _PERIOD_SPAN positions (a step of a usual batch
+# size, or a host's slice of it) are read from them.
+_PERIOD_LIMIT = 2**15
+_PERIOD_SPAN = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +144,46 @@ class Mixing:
         _check_count(stop, "A stream position")
         if stop < start:
             raise PlanError(f"A position range must have start <= stop but got start={start}, stop={stop}.")
+        found = self._from_period(start, stop)
+        return found if found is not None else self._split_range(start, stop)
+
+    @functools.cached_property
+    def _period(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(tasks, task positions, their tasks' weights) of positions ``[0, E)``: whole periods of ``W =
+        sum(weights)`` positions, at least ``W + _PERIOD_SPAN`` of them; None when W exceeds ``_PERIOD_LIMIT``.
+
+        Position ``p + W`` is position ``p``'s task, ``w_task`` examples of it later: in W slots a node of
+        weight ``w_N`` hands out exactly ``L(w_N) = w_L`` to its left child and ``w_N - w_L`` to its right one,
+        and ``L(m + w_N) = L(m) + w_L``, so by induction from the root every node, down to each task, sees its
+        own slots repeat shifted by its weight. A range then starts at ``start % W`` in these arrays, and a
+        range of at most ``_PERIOD_SPAN`` positions is a slice of them: no division per position.
+        """
+        total = sum(self.weights)
+        if total > _PERIOD_LIMIT:
+            return None
+        tasks, positions = self._split_range(0, total * -(-(total + _PERIOD_SPAN) // total))
+        weights = np.array(self.weights, np.int64)[tasks]
+        for array in (tasks, positions, weights):
+            array.flags.writeable = False
+        return tasks, positions, weights
+
+    def _from_period(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``locate_range`` read from ``_period`` (three numpy calls), or None where it does not hold the range."""
+        period = self._period
+        if period is None or stop > _INT64_MAX:
+            return None
+        tasks, positions, weights = period
+        laps, offset = divmod(start, sum(self.weights))
+        end = offset + stop - start
+        if end > len(tasks):
+            return None
+        # Task positions lap by lap: laps * w_task more than in the first period.
+        out = np.multiply(weights[offset:end], laps)
+        out += positions[offset:end]
+        return tasks[offset:end].copy(), out
+
+    def _split_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """``locate_range`` node by node (see there)."""
         k = len(self.weights)
         count = stop - start
         tasks = np.empty(count, np.int64)

@@ -28,7 +28,7 @@ import numpy as np
 from taskdata.index.errors import PlanError
 from taskdata.seeding import check_seed, derive_seed
 
-__all__ = ["EpochPermutation", "epoch_and_index", "permute_many", "task_position_of"]
+__all__ = ["EpochPermutation", "epoch_and_index", "permute_blocks", "permute_many", "task_position_of"]
 
 _M64 = (1 << 64) - 1
 _MUL1, _MUL2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -41,6 +41,14 @@ _ROUNDS = 6
 _SCALAR_TAIL = 16
 # Sizes up to 2**60 split into halves of at most 30 bits (see _encrypt_many).
 _VECTOR_BITS = 60
+# Permutations whose halves have at most this many bits (sizes up to 2**24) are applied with a lookup table
+# per round (``_round_tables``: 6 x 2**12 int64 at most, 192 KiB), kept for the most recently used ones.
+_TABLE_BITS = 12
+_TABLES_KEPT = 64
+# Several permutations' tables side by side (``_side_by_side``), up to this many entries per round (6 x 2**14
+# int64: 768 KiB), kept for the most recent tuples of permutations.
+_SIDE_BY_SIDE = 2**14
+_SIDE_BY_SIDE_KEPT = 16
 
 
 def _mix64(x: int) -> int:
@@ -188,6 +196,123 @@ def permute_many(
     for j in walking.tolist():
         values[j] = permutations[which[j]]._walk(int(values[j]))
     return values.astype(np.int64)
+
+
+def permute_blocks(permutations: Sequence[EpochPermutation], lengths: Sequence[int], indices: np.ndarray) -> np.ndarray:
+    """``permute_many`` of consecutive blocks: entry ``j`` of block ``b`` (the ``b``-th run of ``lengths[b]``
+    entries of ``indices``) is ``permutations[b](indices[j])``. An int64 array.
+
+    For the index math's own callers, whose indices lie in their permutations' ranges by construction: that
+    is not checked. Where every permutation's halves have at most ``_TABLE_BITS`` bits, a round is one
+    lookup in a table of its round function (``_round_tables``) instead of the mixer's nine numpy calls.
+    """
+    bits = max((p._bits for p in permutations), default=0)
+    width = 1 << (bits + 1) // 2
+    if not len(permutations) or bits > 2 * _TABLE_BITS or len(permutations) * width > _SIDE_BY_SIDE:
+        which = np.repeat(np.arange(len(permutations), dtype=np.int64), lengths)
+        return permute_many(permutations, which, indices)
+    indices = np.asarray(indices, np.int64)
+    split: np.ndarray | int
+    mask: np.ndarray | int
+    tag: np.ndarray | None
+    if len(permutations) == 1:
+        # One table, one split: plain scalars.
+        (permutation,) = permutations
+        table, tag = _round_tables(permutation), None
+        split = (permutation._bits + 1) // 2
+        mask = (1 << split) - 1
+    else:
+        table, splits, masks, tags = _side_by_side(tuple(permutations))
+        split, mask, tag = splits.repeat(lengths), masks.repeat(lengths), tags.repeat(lengths)
+    values = _encrypt_tables(indices, table, split, mask, tag, width - 1)
+    if all(p.size == 1 << p._bits for p in permutations):
+        return values  # a power of two: every value is in range at once
+    sizes = np.repeat(np.array([p.size for p in permutations], np.int64), lengths)
+    which = np.repeat(np.arange(len(permutations), dtype=np.int64), lengths)
+    walking = np.flatnonzero(values >= sizes)
+    while walking.size > _SCALAR_TAIL:
+        again = _encrypt_tables(
+            values[walking],
+            table,
+            split if isinstance(split, int) else split[walking],
+            mask if isinstance(mask, int) else mask[walking],
+            None if tag is None else tag[walking],
+            width - 1,
+        )
+        values[walking] = again
+        walking = walking[again >= sizes[walking]]
+    for j in walking.tolist():
+        values[j] = permutations[which[j]]._walk(int(values[j]))
+    return values
+
+
+@functools.lru_cache(maxsize=_SIDE_BY_SIDE_KEPT)
+def _side_by_side(permutations: tuple[EpochPermutation, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The round tables of ``permutations`` side by side, permutation ``b``'s from column ``b * width`` on
+    (``width``: the widest table's), with each one's split, its mask and its tag ``b * width``.
+
+    A value's halves carry their permutation's tag above their own bits: a lookup at a tagged half reads that
+    permutation's table, and XOR with a round's output (below ``width``) leaves the tag, so a round is one
+    lookup and one XOR for every permutation at once. Kept per tuple: a step's tasks and epochs repeat for
+    many steps.
+    """
+    tables = [_round_tables(p) for p in permutations]
+    width = max(t.shape[1] for t in tables)
+    table = np.zeros((_ROUNDS, len(tables) * width), np.int64)
+    for b, own in enumerate(tables):
+        table[:, b * width : b * width + own.shape[1]] = own
+    splits = np.array([(p._bits + 1) // 2 for p in permutations], np.int64)
+    out = (table, splits, (1 << splits) - 1, np.arange(len(tables), dtype=np.int64) * width)
+    for array in out:
+        array.flags.writeable = False
+    return out
+
+
+@functools.lru_cache(maxsize=_TABLES_KEPT)
+def _round_tables(permutation: EpochPermutation) -> np.ndarray:
+    """Row ``r``: the round function of round ``r`` (``_encrypt_many``'s, masked) at every value below
+    ``2**split``, the wider half's size (odd rounds read the other half, which may be one bit narrower: their
+    last entries are never read). All rounds at once, as ``_encrypt_many`` computes one: a permutation is
+    made whenever a task enters an epoch, every few steps for a small task."""
+    split, rounds = permutation._halves
+    keys, masks = (np.array(column, np.uint64)[:, None] for column in zip(*rounds, strict=True))
+    t = np.arange(1 << split, dtype=np.uint64) ^ keys
+    t *= np.uint64(_MUL1)
+    t ^= t >> np.uint64(27)
+    t *= np.uint64(_MUL2)
+    t ^= t >> np.uint64(31)
+    t &= masks
+    out = t.astype(np.int64)
+    out.flags.writeable = False
+    return out
+
+
+def _encrypt_tables(
+    values: np.ndarray,
+    tables: np.ndarray,
+    split: np.ndarray | int,
+    mask: np.ndarray | int,
+    tag: np.ndarray | None,
+    tag_mask: int,
+) -> np.ndarray:
+    """``_encrypt_many`` with each round's function looked up in ``tables`` (rows: rounds) at its half, which
+    carries ``tag`` above its bits where given (``_side_by_side``; ``tag_mask`` clears it at the end)."""
+    high = values >> split
+    low = values & mask
+    if tag is not None:
+        high |= tag
+        low |= tag
+    looked = np.empty_like(values)
+    for row in tables:
+        row.take(low, out=looked)
+        high ^= looked
+        high, low = low, high
+    if tag is not None:
+        high &= tag_mask
+        low &= tag_mask
+    high <<= split
+    high |= low
+    return high
 
 
 def check_many(what: str, count: int, which: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

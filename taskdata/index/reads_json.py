@@ -15,17 +15,19 @@ separators would (tests parse and compare every answer), several times faster.
 
 from __future__ import annotations
 
-import functools
+import binascii
+import dataclasses
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from taskdata.index.columns import ColumnEncoding, base64_int64_bytes, column_array, compact_column_bytes
+from taskdata.index.columns import ColumnEncoding, base64_int64_bytes, column_array
+from taskdata.index.host_reads import StepSlices
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
 
-__all__ = ["MAX_LOOKAHEAD", "from_json", "to_json"]
+__all__ = ["MAX_LOOKAHEAD", "StepJson", "from_json", "to_json"]
 
 # The most steps one /shards request asks for (its lookahead window).
 MAX_LOOKAHEAD = 64
@@ -42,28 +44,28 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
         raise ValueError(f"encoding must be 'ints', 'base64' or 'compact' but got {encoding!r}.")
     positions = reads.positions
     # Pieces of bytes joined once: about half the time of formatting str and encoding it.
-    parts = [
-        b'{"step":%d,"skipped":%s,"global_batch_size":%d,"positions":{"start":%d,"stop":%d},"tasks":['
-        % (
-            reads.step,
-            b"true" if reads.skipped else b"false",
-            reads.global_batch_size,
-            positions.start,
-            positions.stop,
-        )
-    ]
+    parts = [_head(reads.step, reads.skipped, reads.global_batch_size, positions.start, positions.stop)]
     for i, task in enumerate(reads.tasks):
         cache, columns = task.cache, task.columns
-        if compact:  # the reads hold no negative value (TaskReads checks): one max per column is the bound
-            tops = columns.max(axis=1).tolist() if columns.shape[1] else [0] * len(columns)
-            write = functools.partial(_compact_column, tops=iter(tops))
         parts += [
             b',{"task":' if i else b'{"task":',
             cache.task_json,
             b',"version":',
             cache.version_json,
-            *((b',"names":', cache.names_json, b',"reads":{"shard":') if compact else
-              (b',"files":[', cache.files_json(task.files), b'],"reads":{"shard":')),
+        ]
+        if compact:
+            # The reads hold no negative value (TaskReads checks): one max per column is its bound.
+            tops = columns.max(axis=1).tolist() if columns.shape[1] else [0] * len(columns)
+            parts += [b',"names":', cache.names_json]
+            for key, column, top in zip(_COMPACT_KEYS, columns, tops, strict=True):
+                name, dtype = _compact_type(top)
+                parts += [key, name, base64_int64_bytes(column) if dtype is None else _base64(column.astype(dtype))]
+            parts.append(b'"}}')
+            continue
+        parts += [
+            b',"files":[',
+            cache.files_json(task.files),
+            b'],"reads":{"shard":',
             write(columns[0]),
             b',"first_record":',
             write(columns[1]),
@@ -76,9 +78,129 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
             b"}}",
         ]
     if compact:  # the order holds task indices
-        write = functools.partial(_compact_column, tops=iter([len(reads.tasks) - 1]))
-    parts += [b'],"order":', write(reads.order), b"}"]
+        name, dtype = _compact_type(len(reads.tasks) - 1)
+        order = base64_int64_bytes(reads.order) if dtype is None else _base64(reads.order.astype(dtype))
+        parts += [b'],"order":"', name, order, b'"}']
+    else:
+        parts += [b'],"order":', write(reads.order), b"}"]
     return b"".join(parts)
+
+
+# What comes before each read column's compact text (a JSON string): its key, and the end of the one before.
+_COMPACT_KEYS = tuple(
+    (b',"reads":{"%s":"' if i == 0 else b'","%s":"') % name.encode() for i, name in enumerate(READ_COLUMNS)
+)
+
+
+def _head(step: int, skipped: bool, global_batch_size: int, start: int, stop: int) -> bytes:
+    """A step's JSON up to its first task."""
+    return b'{"step":%d,"skipped":%s,"global_batch_size":%d,"positions":{"start":%d,"stop":%d},"tasks":[' % (
+        step,
+        b"true" if skipped else b"false",
+        global_batch_size,
+        start,
+        stop,
+    )
+
+
+# A compact column's narrowest type for values in [0, top], as ``compact_column_bytes`` picks it.
+_UNSIGNED = ((2**8, b"u1:", "<u1"), (2**16, b"u2:", "<u2"), (2**32, b"u4:", "<u4"))
+
+
+def _compact_type(top: int) -> tuple[bytes, str | None]:
+    """(type and colon, numpy dtype) of a compact column of values in [0, top]; dtype None for i8 (the
+    column itself, little-endian int64). Any negative value takes i8, as in ``compact_column_bytes``."""
+    if top >= 0:
+        for limit, name, dtype in _UNSIGNED:
+            if top < limit:
+                return name, dtype
+    return b"i8:", None
+
+
+def _base64(values: np.ndarray) -> bytes:
+    """Base64 of a contiguous array's bytes: the text of a compact column after its type."""
+    return binascii.b2a_base64(values.data, newline=False)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StepJson:
+    """Each host slice of a computed step as ``to_json`` writes it: ``StepJson(slices, encoding)[i]`` is
+    ``to_json(slices[i], encoding)``, byte for byte (tests compare them).
+
+    The assignment server writes its answers from here. With ``encoding=compact`` what every slice of the
+    step needs is done once, on first use: the bound of each column of every (task, slice), in one
+    ``np.maximum.reduceat``, and the step's columns cast once to each narrow type some slice needs; a
+    slice is then one base64 call per column (``to_json`` casts each column of each slice and takes a
+    maximum per task). Other encodings write ``to_json`` of the slice.
+    """
+
+    slices: StepSlices
+    encoding: ColumnEncoding
+
+    def __len__(self) -> int:
+        return len(self.slices)
+
+    def __getitem__(self, index: int) -> bytes:
+        slices = self.slices
+        if self.encoding != "compact" or not 0 <= index < slices.count:
+            return to_json(slices[index], self.encoding)  # slices[index] names a slice that is not there
+        types, rows, order = self._compact()
+        size, count, bounds = slices.per_slice, slices.count, slices.bounds
+        first = slices.start + index * size
+        parts = [_head(slices.step, slices.skipped, slices.global_batch_size, first, first + size)]
+        for t, cache in enumerate(slices.files):
+            g = t * count + index
+            a, b = bounds[g], bounds[g + 1]
+            parts += [
+                b',{"task":' if t else b'{"task":',
+                cache.task_json,
+                b',"version":',
+                cache.version_json,
+                b',"names":',
+                cache.names_json,
+            ]
+            for k, (key, code) in enumerate(zip(_COMPACT_KEYS, types[g], strict=True)):
+                parts += [key, _TYPE_NAMES[code], binascii.b2a_base64(rows[code][k][a:b], newline=False)]
+            parts.append(b'"}}')
+        taken = 0 if slices.skipped else size
+        order_type, order_rows = order
+        order_text = binascii.b2a_base64(order_rows[index * taken : (index + 1) * taken], newline=False)
+        parts += [b'],"order":"', order_type, order_text, b'"}']
+        return b"".join(parts)
+
+    def _compact(self) -> tuple[list[list[int]], dict[int, list[memoryview]], tuple[bytes, memoryview]]:
+        """Per (task, slice) group, the type of each read column (an index into ``_TYPE_NAMES``); per type
+        used, the step's read columns in it, row by row (memoryviews: slicing one costs less than slicing an
+        array); the order's type and the order in it. Made on first use and kept (not a cached_property:
+        Python 3.11's holds one lock for all instances while it computes, and the server writes steps in
+        worker threads too; two threads may both make it, with equal results)."""
+        made = self.__dict__.get("_made")
+        if made is not None:
+            return made
+        slices = self.slices
+        columns, bounds = slices.columns, np.array(slices.bounds, np.int64)
+        # A group without reads writes empty columns, of type u1 (to_json's bound 0).
+        types = np.zeros((len(bounds) - 1, len(columns)), np.int64)
+        filled = (bounds[1:] > bounds[:-1]).nonzero()[0]
+        if filled.size:
+            # Groups hold consecutive columns: from each filled group's first column to the next one's.
+            tops = np.maximum.reduceat(columns, bounds[filled], axis=1).T
+            types[filled] = np.searchsorted(_TYPE_LIMITS, tops, side="right")
+        rows = {
+            code: [row.data for row in (columns if _TYPE_DTYPES[code] is None else columns.astype(_TYPE_DTYPES[code]))]
+            for code in set(types.ravel().tolist())  # each type cast once, over the whole step
+        }
+        order_type, order_dtype = _compact_type(len(slices.files) - 1)
+        order = slices.order if order_dtype is None else slices.order.astype(order_dtype)
+        made = self.__dict__["_made"] = (types.tolist(), rows, (order_type, order.data))
+        return made
+
+
+# Compact types by code (``_compact_type``'s, in order): code c holds values in [0, _TYPE_LIMITS[c]), the
+# last (i8) any int64; a column's code is the number of limits at or below its bound.
+_TYPE_NAMES = (*(name for _, name, _ in _UNSIGNED), b"i8:")
+_TYPE_DTYPES = (*(dtype for _, _, dtype in _UNSIGNED), None)
+_TYPE_LIMITS = tuple(limit for limit, _, _ in _UNSIGNED)
 
 
 def _int_column(values: np.ndarray) -> bytes:
@@ -87,10 +209,6 @@ def _int_column(values: np.ndarray) -> bytes:
 
 def _base64_column(values: np.ndarray) -> bytes:
     return b'"' + base64_int64_bytes(values) + b'"'
-
-
-def _compact_column(values: np.ndarray, tops: Iterator[int]) -> bytes:
-    return b'"' + compact_column_bytes(values, next(tops)) + b'"'
 
 
 def from_json(data: bytes | str | Mapping[str, Any]) -> StepReads:
