@@ -273,7 +273,6 @@ class Task:
                     f"sequence_length[{key!r}] is {limit}. Add a trim step to the preprocessors."
                 )
 
-
     def check_batch(self, batch: ExampleBatch) -> None:
         """``check_example`` for every row of ``batch``, in columns: raises ``_RowError`` with the first failing
         row and the error ``check_example`` gives for it."""
@@ -308,6 +307,7 @@ class _RowError(Exception):
         super().__init__(row, error)
         self.row = row
         self.error = error
+
 
 class _Counted:
     """An iterator that counts what has been taken from it (the ordinal of the example a stage is on)."""

@@ -74,40 +74,39 @@ _FEATURE_HEADS: dict[tuple[str, int], bytes] = {}
 
 def _varints(values: np.ndarray, offsets: np.ndarray) -> tuple[bytes, np.ndarray]:
     """(the varints of ``values`` back to back, where each row's varints start: rows + 1 entries)."""
-    row_bytes = np.zeros(offsets.size, dtype=np.int64)
     if values.size == 0:
-        return b"", row_bytes
-    lengths = np.diff(offsets)
+        return b"", np.zeros(offsets.size, dtype=np.int64)
     if values.dtype in _WORD_DTYPES:
         # Token ids (1..16383, every vocabulary up to 16k pieces): a 2-byte word each, the second byte 0
         # for ids below 128, which one delete then drops; an id outside that range gets a word whose
-        # second byte is not ASCII, and the general path below.
+        # second byte is not ASCII, and the next path.
         words = _WORDS_14.take(values, mode="clip").tobytes()
         if words[1::2].isascii():
-            wide = np.add.reduceat((values >= 0x80).view(np.int8), offsets[:-1][lengths > 0], dtype=np.int64)
-            sizes = lengths.copy()
-            sizes[lengths > 0] += wide
-            np.cumsum(sizes, out=row_bytes[1:])
-            return words.translate(None, b"\x00"), row_bytes
+            return words.translate(None, b"\x00"), _row_starts(offsets, values >= 0x80)
         # Token ids up to 65535: a 4-byte word each, as encode_example does.
         words = _WORDS_16.take(values, mode="clip").tobytes()
         if words[3::4].isascii():
-            value_bytes = 1 + (values >= 0x80).astype(np.int64) + (values >= 0x4000)
-            return words.translate(None, b"\x00"), _row_bounds(value_bytes, offsets)
+            extra = (values >= 0x80).view(np.int8) + (values >= 0x4000).view(np.int8)
+            return words.translate(None, b"\x00"), _row_starts(offsets, extra)
     unsigned = values.astype(np.int64).view(np.uint64)  # negatives: 64-bit two's complement, as encode_example
     padded = _varint_rows(unsigned)  # one zero-padded row per value
     width = padded.shape[1]
-    value_bytes = np.ones(values.size, dtype=np.int64)
+    extra = np.zeros(values.size, dtype=np.int8)
     for k in range(1, width):
-        value_bytes += unsigned >= np.uint64(1 << (7 * k))
-    return padded[np.arange(width) < value_bytes[:, None]].tobytes(), _row_bounds(value_bytes, offsets)
+        extra += unsigned >= np.uint64(1 << (7 * k))
+    return padded[np.arange(width) <= extra[:, None]].tobytes(), _row_starts(offsets, extra)
 
 
-def _row_bounds(value_bytes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Where each row's bytes start (and the last one ends), given each value's byte count."""
-    starts = np.zeros(value_bytes.size + 1, dtype=np.int64)
-    np.cumsum(value_bytes, out=starts[1:])
-    return starts[offsets]
+def _row_starts(offsets: np.ndarray, extra: np.ndarray) -> np.ndarray:
+    """Where each row's varints start (and the last one ends): a value takes one byte plus ``extra`` (per
+    value: a bool or small int array). Summed per row, so nothing runs over every value but one reduceat."""
+    lengths = np.diff(offsets)
+    filled = lengths > 0  # reduceat gives an empty row the next value, not 0
+    sizes = lengths.copy()
+    sizes[filled] += np.add.reduceat(extra.view(np.int8), offsets[:-1][filled], dtype=np.int64)
+    starts = np.zeros(offsets.size, dtype=np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    return starts
 
 
 # Indexed by value: the 2-byte varint word (little-endian) of 1..16383; a word whose second byte is not

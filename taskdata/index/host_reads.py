@@ -148,7 +148,6 @@ class StepSlices:
             self.order[index * taken : (index + 1) * taken],
         )
 
-
     @functools.cached_property
     def _files_read(self) -> tuple[list[int], np.ndarray]:
         """(file bounds, file shards): the shards group ``g`` reads, ascending, each once, are
@@ -218,7 +217,7 @@ def _scalar_runs(
     """
     index = {name: i for i, name in enumerate(plan.task_names)}
     per_slice = len(positions) // parts
-    groups: list = []
+    per_part: list[list[list[list[int]]]] = []  # per slice, per task: its reads [shard, first record, count]
     order: list[int] = []
     for part in range(parts):
         first = positions.start + part * per_slice
@@ -233,9 +232,9 @@ def _scalar_runs(
                 reads[-1][2] += run.count
             else:
                 reads.append([run.shard, run.first_record, run.count])
-        groups.append(per_task)
+        per_part.append(per_task)
     # Task-major, as task_runs groups them.
-    groups = [groups[part][t] for t in range(len(plan.task_names)) for part in range(parts)]
+    groups = [per_part[part][t] for t in range(len(plan.task_names)) for part in range(parts)]
     table = np.array([r for reads in groups for r in reads], np.int64).reshape(-1, 3)
     bounds = np.cumsum([0] + [len(reads) for reads in groups])
     return (bounds, table[:, 0], table[:, 1], table[:, 2]), np.array(order, np.int64)
