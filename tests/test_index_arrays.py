@@ -214,11 +214,12 @@ def test_locate_range_equals_locate(weights: list[int], start: int, length: int)
     ]
 
 
-def test_locate_range_checks_its_bounds() -> None:
+@pytest.mark.parametrize("method", ["locate_range", "tasks_in_range"])
+def test_locate_range_checks_its_bounds(method: str) -> None:
     with pytest.raises(PlanError, match="A position range must have start <= stop but got start=5, stop=4"):
-        Mixing((1, 2)).locate_range(5, 4)
+        getattr(Mixing((1, 2)), method)(5, 4)
     with pytest.raises(PlanError, match="A stream position must be an integer >= 0 but got -1"):
-        Mixing((1, 2)).locate_range(-1, 4)
+        getattr(Mixing((1, 2)), method)(-1, 4)
 
 
 sizes = st.one_of(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -129,6 +130,9 @@ def test_ranges_read_from_the_period_equal_locate(weights: list[int], start: int
     tasks, task_positions = mixing.locate_range(start, start + length)
     for i in sorted({0, length // 3, length - 1, *range(0, length, 97)} & set(range(length))):
         assert (int(tasks[i]), int(task_positions[i])) == mixing.locate(start + i)
+    # The tasks alone, as the index math of a step asks for them: the same array, from the period or not.
+    alone = mixing.tasks_in_range(start, start + length)
+    assert alone.dtype == np.int64 and np.array_equal(alone, tasks)
 
 
 @given(weights=st.lists(weight, min_size=1, max_size=4), lap=st.integers(0, 10**12))

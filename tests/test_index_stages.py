@@ -149,6 +149,7 @@ def test_positions_and_tasks_equal_the_step_by_step_walk(plan: RunPlan) -> None:
     for a, b in [(0, 1), (3, 50), (len(stream) // 3, len(stream) - 7), (len(stream) - 5, len(stream))]:
         got = plan.mixing.locate_range(a, b)
         assert list(zip(got[0].tolist(), got[1].tolist(), strict=True)) == stream[a:b]
+        assert plan.mixing.tasks_in_range(a, b).tolist() == [t for t, _ in stream[a:b]]
     for p in range(0, len(stream), 7):
         assert plan.mixing.locate(p) == stream[p]
         assert plan.mixing.position_of(*stream[p]) == p

@@ -147,6 +147,20 @@ class Mixing:
         found = self._from_period(start, stop)
         return found if found is not None else self._split_range(start, stop)
 
+    def tasks_in_range(self, start: int, stop: int) -> np.ndarray:
+        """The tasks of ``locate_range(start, stop)`` alone (an int64 array): where the kept period holds the
+        range, without the task positions' arithmetic, which the index math of a step does not use."""
+        _check_count(start, "A stream position")
+        _check_count(stop, "A stream position")
+        if stop < start:
+            raise PlanError(f"A position range must have start <= stop but got start={start}, stop={stop}.")
+        period = self._period
+        if period is not None and stop <= _INT64_MAX:
+            offset = start % sum(self.weights)  # position p + W holds position p's task (``_period``)
+            if offset + stop - start <= len(period[0]):
+                return period[0][offset : offset + stop - start].copy()
+        return self._split_range(start, stop)[0]
+
     @functools.cached_property
     def _period(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(tasks, task positions, their tasks' weights) of positions ``[0, E)``: whole periods of ``W =

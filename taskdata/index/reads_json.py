@@ -144,23 +144,16 @@ class StepJson:
         slices = self.slices
         if self.encoding != "compact" or not 0 <= index < slices.count:
             return to_json(slices[index], self.encoding)  # slices[index] names a slice that is not there
-        types, rows, order = self._compact()
+        types, rows, order, prefixes = self._compact()
         size, count, bounds = slices.per_slice, slices.count, slices.bounds
         first = slices.start + index * size
         parts = [_head(slices.step, slices.skipped, slices.global_batch_size, first, first + size)]
-        for t, cache in enumerate(slices.files):
+        for t, prefix in enumerate(prefixes):
             g = t * count + index
             a, b = bounds[g], bounds[g + 1]
-            parts += [
-                b',{"task":' if t else b'{"task":',
-                cache.task_json,
-                b',"version":',
-                cache.version_json,
-                b',"names":',
-                cache.names_json,
-            ]
-            for k, (key, code) in enumerate(zip(_COMPACT_KEYS, types[g], strict=True)):
-                parts += [key, _TYPE_NAMES[code], binascii.b2a_base64(rows[code][k][a:b], newline=False)]
+            parts.append(prefix)
+            for k, code in enumerate(types[g]):
+                parts += (_KEY_TYPES[k][code], binascii.b2a_base64(rows[code][k][a:b], newline=False))
             parts.append(b'"}}')
         taken = 0 if slices.skipped else size
         order_type, order_rows = order
@@ -168,12 +161,13 @@ class StepJson:
         parts += [b'],"order":"', order_type, order_text, b'"}']
         return b"".join(parts)
 
-    def _compact(self) -> tuple[list[list[int]], dict[int, list[memoryview]], tuple[bytes, memoryview]]:
+    def _compact(self) -> tuple[list[list[int]], dict[int, list[memoryview]], tuple[bytes, memoryview], list[bytes]]:
         """Per (task, slice) group, the type of each read column (an index into ``_TYPE_NAMES``); per type
         used, the step's read columns in it, row by row (memoryviews: slicing one costs less than slicing an
-        array); the order's type and the order in it. Made on first use and kept (not a cached_property:
-        Python 3.11's holds one lock for all instances while it computes, and the server writes steps in
-        worker threads too; two threads may both make it, with equal results)."""
+        array); the order's type and the order in it; per task, its text before its first column. Made on
+        first use and kept (not a cached_property: Python 3.11's holds one lock for all instances while it
+        computes, and the server writes steps in worker threads too; two threads may both make it, with
+        equal results)."""
         made = self.__dict__.get("_made")
         if made is not None:
             return made
@@ -185,14 +179,19 @@ class StepJson:
         if filled.size:
             # Groups hold consecutive columns: from each filled group's first column to the next one's.
             tops = np.maximum.reduceat(columns, bounds[filled], axis=1).T
-            types[filled] = np.searchsorted(_TYPE_LIMITS, tops, side="right")
+            types[filled] = _TYPE_LIMITS.searchsorted(tops, side="right")
         rows = {
             code: [row.data for row in (columns if _TYPE_DTYPES[code] is None else columns.astype(_TYPE_DTYPES[code]))]
             for code in set(types.ravel().tolist())  # each type cast once, over the whole step
         }
         order_type, order_dtype = _compact_type(len(slices.files) - 1)
         order = slices.order if order_dtype is None else slices.order.astype(order_dtype)
-        made = self.__dict__["_made"] = (types.tolist(), rows, (order_type, order.data))
+        prefixes = [
+            b'%s%s,"version":%s,"names":%s'
+            % (b',{"task":' if t else b'{"task":', cache.task_json, cache.version_json, cache.names_json)
+            for t, cache in enumerate(slices.files)
+        ]
+        made = self.__dict__["_made"] = (types.tolist(), rows, (order_type, order.data), prefixes)
         return made
 
 
@@ -200,7 +199,10 @@ class StepJson:
 # last (i8) any int64; a column's code is the number of limits at or below its bound.
 _TYPE_NAMES = (*(name for _, name, _ in _UNSIGNED), b"i8:")
 _TYPE_DTYPES = (*(dtype for _, _, dtype in _UNSIGNED), None)
-_TYPE_LIMITS = tuple(limit for limit, _, _ in _UNSIGNED)
+# Per read column and type code: the text before the column's base64 (its key, then its type).
+_KEY_TYPES = tuple(tuple(key + name for name in _TYPE_NAMES) for key in _COMPACT_KEYS)
+# An array, searched with its method: np.searchsorted on a tuple converts it first (~6 us a call).
+_TYPE_LIMITS = np.array([limit for limit, _, _ in _UNSIGNED], np.int64)
 
 
 def _int_column(values: np.ndarray) -> bytes:

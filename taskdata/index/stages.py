@@ -360,6 +360,22 @@ class StagedMixing:
             return parts_tasks[0], parts_positions[0]
         return np.concatenate(parts_tasks), np.concatenate(parts_positions)
 
+    def tasks_in_range(self, start: int, stop: int) -> np.ndarray:
+        """The tasks of ``locate_range(start, stop)`` alone, as ``Mixing.tasks_in_range``."""
+        _check_int(start, "A stream position", 0)
+        _check_int(stop, "A stream position", 0)
+        if stop < start:
+            raise PlanError(f"A position range must have start <= stop but got start={start}, stop={stop}.")
+        first, last = self.segment_of(start), self.segment_of(max(start, stop - 1))
+        parts = []
+        for k in range(first, last + 1):
+            a = max(start, self.starts[k])
+            b = stop if k == last else self.starts[k + 1]
+            tasks = self.mixings[k].tasks_in_range(a - self.starts[k], b - self.starts[k])
+            task_array = self._task_arrays[k]
+            parts.append(tasks if task_array is None else task_array[tasks])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
     def total(self, task: int) -> int | None:
         """How many examples ``task`` reads in the whole run: None if it is read for ever (its last
         stage gives it a positive rate)."""

@@ -39,7 +39,7 @@ def task_runs(
     """
     start, size = positions.start, len(positions)
     num_tasks = len(plan.task_names)
-    tasks, _ = plan.mixing.locate_range(start, start + size)
+    tasks = plan.mixing.tasks_in_range(start, start + size)
     if parts == 1:
         per_group = np.bincount(tasks, minlength=num_tasks)
         per_task = per_group.tolist()
