@@ -55,6 +55,10 @@ from trainer_client.reading import BatchReader, ClientBatch
 __all__ = ["SLOTS_PER_WORKER", "LocalSteps", "PlannedStep", "ReadWorkerError", "ReadWorkers", "keep_batch_memory"]
 
 _LENGTH = struct.Struct("<Q")
+# A worker's reply: a fixed header (step, slot, bytes of the body that follows) read in one system call, so
+# that a batch costs no JSON on either side. Its slot is where the batch is, or one of these codes.
+_REPLY = struct.Struct("<qqq")
+_READY, _ERROR = -1, -2
 # What a worker sets glibc's malloc to (as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ would): keep
 # the memory of a batch for the next one instead of returning it to the system and faulting it in again
 # (each batch allocates and frees megabytes: ~20% of a worker's CPU under load).
@@ -165,6 +169,13 @@ class _Slot:
     def __init__(self, fd: int):
         self.fd = fd
         self.map: mmap.mmap | None = None
+        self.size = os.fstat(fd).st_size  # as this process last saw or made it
+
+    def grow(self, size: int) -> None:
+        """Makes the file at least ``size`` bytes (the worker's side: the iterator remaps it as it reads)."""
+        if size > self.size:
+            os.ftruncate(self.fd, size)
+            self.size = size
 
     def view(self, size: int) -> memoryview:
         if not size:
@@ -185,6 +196,40 @@ class _Slot:
     def close(self) -> None:
         self._drop_map()
         os.close(self.fd)
+
+
+class _SlotWriter:
+    """Carves one batch's arrays out of a slot, one after another as the decoder asks for them (an
+    ``Allocate``: ``BatchReader.read`` decodes into them), growing the file where they do not fit. A
+    feature asked for again with the same shape gets the same bytes (the generic path after a refusal)."""
+
+    def __init__(self, slot: _Slot):
+        self.slot = slot
+        self.placed: dict[str, tuple[int, int, int]] = {}  # name -> (byte offset, rows, length)
+        self.end = 0
+
+    def __call__(self, name: str, rows: int, length: int) -> np.ndarray:
+        placed = self.placed.get(name)
+        if placed is None or placed[1:] != (rows, length):
+            placed = self.placed[name] = (self.end, rows, length)
+            self.end += rows * length * 4
+        offset = placed[0]
+        if not rows * length:
+            return np.zeros((rows, length), np.int32)  # nothing to place (an empty file cannot be mapped)
+        self.slot.grow(offset + rows * length * 4)
+        view = self.slot.view(offset + rows * length * 4)
+        return np.frombuffer(view, np.int32, rows * length, offset).reshape(rows, length)
+
+    def layout(self, features: Mapping[str, np.ndarray]) -> list[list[Any]]:
+        """[name, byte offset, rows, length] of each feature of a batch, in its order, with any array that
+        is not already where the writer put it (a skipped step has none) copied there."""
+        layout = []
+        for name, array in features.items():
+            target = self(name, *array.shape)
+            if target.ctypes.data != array.ctypes.data:
+                target[...] = array
+            layout.append([name, *self.placed[name]])
+        return layout
 
 
 class _Worker:
@@ -215,6 +260,9 @@ class _Worker:
         self.requests = os.fdopen(requests_write, "wb")
         self.replies = os.fdopen(replies_read, "rb", buffering=0)
         self.ready = False
+        self.layout: list[tuple[str, int, int, int]] = []  # the last layout this worker sent
+        self.layout_end = 0  # bytes that layout spans
+        self._header = bytearray(_REPLY.size)
         _send(self.requests, setup)
 
     def poll_ready(self) -> bool:
@@ -224,16 +272,22 @@ class _Worker:
         return self.ready
 
     def _take_ready(self) -> None:
-        reply = json.loads(self._receive("its ready message"))
-        if reply != {"ready": True}:
-            raise ReadWorkerError(f"Read worker {self.index} (pid {self.process.pid}) did not start: {reply}")
+        _, code, body = self._receive("its ready message")
+        if code != _READY:
+            raise ReadWorkerError(f"Read worker {self.index} (pid {self.process.pid}) did not start: {code} {body!r}")
         self.ready = True
 
-    def _receive(self, what: str) -> bytes:
+    def _receive(self, what: str) -> tuple[int, int, bytes]:
+        """A reply: (step, slot or code, body)."""
         try:
-            return _receive_message(self.replies, what)
+            _receive_exactly(self.replies, memoryview(self._header), what)
+            step, slot, size = _REPLY.unpack(self._header)
+            body = bytearray(size)
+            if size:
+                _receive_exactly(self.replies, memoryview(body), what)
         except EOFError as error:
             raise self._ended(error) from None
+        return step, slot, bytes(body)
 
     def _ended(self, error: EOFError | BrokenPipeError) -> ReadWorkerError:
         code = self.process.wait(timeout=10)
@@ -254,27 +308,28 @@ class _Worker:
         after it is sent."""
         if not self.ready:
             self._take_ready()
-        header = json.loads(self._receive(f"the header of step {step_reads.step}"))
-        if "error" in header:
-            kind, message = header["error"]
+        step, index, body = self._receive(f"the header of step {step_reads.step}")
+        if index == _ERROR:
+            kind, message = json.loads(body)["error"]
             if kind == "CorruptRecordError":
                 raise CorruptRecordError(*message)
             raise _ERRORS.get(kind, ReadWorkerError)(message)
-        if header["step"] != step_reads.step:
+        if step != step_reads.step or not 0 <= index < len(self.slots):
             raise ReadWorkerError(
-                f"Read worker {self.index} answered step {header['step']} when step {step_reads.step} was due."
+                f"Read worker {self.index} answered step {step} (slot {index}) when step {step_reads.step} was due."
             )
-        slot = self.slots[header["slot"]].view(header["bytes"])
+        if body:  # a new layout (the first batch, or another shape): later batches that keep it send none
+            self.layout = [(name, offset, rows, length) for name, offset, rows, length in json.loads(body)]
+            self.layout_end = max((offset + rows * length * 4 for _, offset, rows, length in self.layout), default=0)
+        slot = self.slots[index].view(self.layout_end)
         if not copy:
             slot = slot.toreadonly()  # its arrays cannot be made writable either
         features = {}
-        offset = 0
-        for name, rows, length in header["features"]:
+        for name, offset, rows, length in self.layout:
             array = np.frombuffer(slot, np.int32, rows * length, offset).reshape(rows, length)
             # A copy unless asked not to: the slot is written again steps later, while the caller may
             # hold this batch.
             features[name] = array.copy() if copy else array
-            offset += rows * length * 4
         return ClientBatch(step_reads.step, False, step_reads.global_batch_size, step_reads.positions, features)
 
     def close(self, timeout: float) -> None:
@@ -381,6 +436,11 @@ class ReadWorkers:
 # --- the worker process ---------------------------------------------------------------------------
 
 
+def _reply(out: IO[bytes], step: int, slot: int, body: bytes = b"") -> None:
+    out.write(_REPLY.pack(step, slot, len(body)) + body)
+    out.flush()
+
+
 def _error_reply(error: Exception) -> bytes:
     if isinstance(error, CorruptRecordError):
         detail: Any = [error.path, error.record_index, error.byte_offset, error.reason]
@@ -410,33 +470,28 @@ def _serve(requests: io.FileIO, replies: IO[bytes], slot_fds: list[int]) -> None
     pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
     threading.Thread(target=_drain, args=(requests, pending), daemon=True, name="taskdata-requests").start()
     slots = [_Slot(fd) for fd in slot_fds]
-    _send(replies, json.dumps({"ready": True}).encode())
+    sent_layout: list[list[Any]] | None = None  # the layout the iterator holds: sent again only when it changes
+    _reply(replies, -1, _READY)
     try:
         for served in itertools.count():
             if (message := pending.get()) is None:
                 break
+            index = served % len(slots)
+            # The batch is decoded straight into its slot: no arrays of its own, no copy.
+            writer = _SlotWriter(slots[index])
             try:
                 if steps is None:
-                    batch = reader.read(from_json(message))
+                    batch = reader.read(from_json(message), writer)
                 else:
                     source, host_slice = steps
-                    batch = reader.read(source.fetch(int(message), 1, host_slice)[0])
+                    batch = reader.read(source.fetch(int(message), 1, host_slice)[0], writer)
             except Exception as error:  # reported to the train loop, which raises it
-                _send(replies, _error_reply(error))
+                _reply(replies, -1, _ERROR, _error_reply(error))
                 continue
-            index = served % len(slots)
-            arrays = [np.ascontiguousarray(batch.features[name], dtype=np.int32) for name in batch.features]
-            size = sum(array.nbytes for array in arrays)
-            if os.fstat(slots[index].fd).st_size < size:
-                os.ftruncate(slots[index].fd, size)  # the iterator remaps it when the header says so
-            view, offset = slots[index].view(size), 0
-            for array in arrays:
-                view[offset : offset + array.nbytes] = array.data.cast("B")
-                offset += array.nbytes
-            del view  # an exported view would keep the map from being closed or remapped
-            header = {"step": batch.step, "slot": index, "bytes": size,
-                      "features": [[name, *array.shape] for name, array in zip(batch.features, arrays, strict=True)]}
-            _send(replies, json.dumps(header).encode())
+            step, layout = batch.step, writer.layout(batch.features)
+            del batch, writer  # views of the slot would keep its map from being closed or remapped
+            _reply(replies, step, index, b"" if layout == sent_layout else json.dumps(layout).encode())
+            sent_layout = layout
     finally:
         reader.close()
         if steps is not None:
