@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import io
 import itertools
 import json
@@ -122,7 +123,7 @@ def _send(out: IO[bytes], message: bytes) -> None:
     out.flush()
 
 
-def _receive_exactly(source: io.FileIO, target: memoryview, what: str) -> None:
+def _receive_exactly(source: io.BufferedReader | io.FileIO, target: memoryview, what: str) -> None:
     got = 0
     while got < len(target):
         more = source.readinto(target[got:])
@@ -131,7 +132,7 @@ def _receive_exactly(source: io.FileIO, target: memoryview, what: str) -> None:
         got += more
 
 
-def _receive_message(source: io.FileIO, what: str) -> bytes:
+def _receive_message(source: io.BufferedReader | io.FileIO, what: str) -> bytes:
     header = bytearray(_LENGTH.size)
     _receive_exactly(source, memoryview(header), what)
     body = bytearray(_LENGTH.unpack(header)[0])
@@ -450,7 +451,15 @@ def _error_reply(error: Exception) -> bytes:
     return json.dumps({"error": [kind or "ReadWorkerError", message]}).encode()
 
 
-def _drain(requests: io.FileIO, into: queue.SimpleQueue[bytes | None]) -> None:
+def _next_request(requests: io.BufferedReader) -> bytes | None:
+    """The next request off the pipe (None at its end), read in this thread."""
+    try:
+        return _receive_message(requests, "a request")
+    except (EOFError, OSError):
+        return None
+
+
+def _drain(requests: io.BufferedReader, into: queue.SimpleQueue[bytes | None]) -> None:
     """Takes every request off the pipe as it comes (None at its end), so that the iterator never waits
     to send while this worker waits for it to take a batch: neither pipe can fill both ways at once."""
     try:
@@ -460,21 +469,28 @@ def _drain(requests: io.FileIO, into: queue.SimpleQueue[bytes | None]) -> None:
         into.put(None)  # the iterator closed the pipe (or ended): nothing more to read
 
 
-def _serve(requests: io.FileIO, replies: IO[bytes], slot_fds: list[int]) -> None:
+def _serve(requests: io.BufferedReader, replies: IO[bytes], slot_fds: list[int]) -> None:
     setup = json.loads(_receive_message(requests, "the setup message"))
     info = RunInfo(RunPlan.from_dict(setup["plan"]), setup["split"])
     reader = BatchReader(info, setup["lengths"], verify_crc=setup["verify_crc"])
     local = setup["local"]
     # With a local source the worker computes its steps' instructions as the iterator's source would.
     steps = None if local is None else (LocalAssignments(info.plan, local["version_dirs"]), HostSlice(*local["host_slice"]))
-    pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-    threading.Thread(target=_drain, args=(requests, pending), daemon=True, name="taskdata-requests").start()
+    if steps is None:
+        pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        threading.Thread(target=_drain, args=(requests, pending), daemon=True, name="taskdata-requests").start()
+        next_request = pending.get
+    else:
+        # A step number is a few bytes and at most SLOTS_PER_WORKER are in flight, as are replies of a few
+        # bytes: neither pipe can fill, so this thread reads the requests itself, without the thread (and
+        # its hand-over of the GIL every step) that a step's instructions need.
+        next_request = functools.partial(_next_request, requests)
     slots = [_Slot(fd) for fd in slot_fds]
     sent_layout: list[list[Any]] | None = None  # the layout the iterator holds: sent again only when it changes
     _reply(replies, -1, _READY)
     try:
         for served in itertools.count():
-            if (message := pending.get()) is None:
+            if (message := next_request()) is None:
                 break
             index = served % len(slots)
             # The batch is decoded straight into its slot: no arrays of its own, no copy.
@@ -523,6 +539,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slots", type=int, nargs="+", required=True)
     args = parser.parse_args(argv)
     keep_batch_memory()
-    requests, replies = os.fdopen(args.requests, "rb", buffering=0), os.fdopen(args.replies, "wb")
+    # Buffered: one system call takes every request already in the pipe.
+    requests, replies = os.fdopen(args.requests, "rb"), os.fdopen(args.replies, "wb")
     with contextlib.suppress(BrokenPipeError), requests, replies:  # BrokenPipeError: the iterator is gone
         _serve(requests, replies, args.slots)
