@@ -10,12 +10,13 @@ of its instructions (``taskdata.index.to_json``), over a pair of pipes of its ow
 free for logs). Over a local source (``LocalSteps``: the cache version folders and the host's slice)
 a worker gets only step numbers (``PlannedStep``) and computes each step's instructions itself with the
 index math ``LocalAssignments`` runs, so that neither the iterator's process nor the worker spends
-its time on the instructions' JSON. It writes each batch's int32 arrays into one of its ``SLOTS_PER_WORKER`` slot files shared with the
-iterator (anonymous memory files, ``memfd``, where the system has them; unlinked temporary files
-elsewhere), the one its step number names, and answers with a JSON header saying where they are: the
-iterator copies them out, one memory copy, where a pipe cost a copy into the kernel and one out of it,
-and a system call per 64 KiB. A slot is written again only for the step ``SLOTS_PER_WORKER`` after it on that worker,
-which the iterator sends once it has copied the batch out. A worker ends when its request pipe
+its time on the instructions' JSON. It decodes each batch's int32 arrays straight into one of its
+``2 * SLOTS_PER_WORKER`` slot files shared with the iterator (anonymous memory files, ``memfd``, where the
+system has them; unlinked temporary files elsewhere), the one the request names, and answers with a
+fixed binary header (the feature layout only when it changes). The iterator hands the batch out as
+views of the slot, no copy at all, and sends no step into a slot while anything still references the
+batch handed out of it (``_Slot.held``); where the caller holds ``SLOTS_PER_WORKER`` such batches of a
+worker, a batch is copied out instead, so that a slot is always free. A worker ends when its request pipe
 closes, so it cannot outlive the process that started it (nor can its slots: nothing names them but
 the two processes' descriptors); ``close`` also waits for each one to exit (and kills it after a
 timeout).
@@ -24,12 +25,12 @@ timeout).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import ctypes
 import dataclasses
 import functools
 import io
-import itertools
 import json
 import mmap
 import os
@@ -154,6 +155,12 @@ def _widen(pipe: int) -> None:
 # A worker's steps in flight at most, each with a slot of its own (``ReadWorkers``' callers send up to this
 # many per worker): with more, a worker reads further ahead of a caller whose steps come unevenly.
 SLOTS_PER_WORKER = 4
+# Slot files per worker: those of the steps in flight, and as many more for batches handed out as views of
+# their slot (``ReadWorkers.receive``) that something still references. A batch that finds that many
+# views held is copied out of its slot instead, so a slot is always free for the next step.
+_SLOT_FILES = 2 * SLOTS_PER_WORKER
+# A request: the slot to write the batch into, then the step (its number, or its instructions).
+_REQUEST = struct.Struct("<q")
 
 
 def _slot_file() -> int:
@@ -171,6 +178,18 @@ class _Slot:
         self.fd = fd
         self.map: mmap.mmap | None = None
         self.size = os.fstat(fd).st_size  # as this process last saw or made it
+        # The iterator's side: the array whose views make up the batch last handed out of this slot without
+        # a copy, kept while the caller may hold it (None: nothing handed out, or nothing to track).
+        self.region: np.ndarray | None = None
+        self.in_flight = False  # a step sent to be written here and not received yet
+
+    def held(self) -> bool:
+        """Whether a batch handed out as views of this slot is still referenced: every array made from it
+        (views of views, memoryviews, ...) references ``region``, so only ours and getrefcount's argument
+        remain once the caller has dropped them all (the check cannot race: no one else can make a new one)."""
+        if self.region is not None and sys.getrefcount(self.region) <= 2:
+            self.region = None
+        return self.region is not None
 
     def grow(self, size: int) -> None:
         """Makes the file at least ``size`` bytes (the worker's side: the iterator remaps it as it reads)."""
@@ -187,8 +206,8 @@ class _Slot:
         return memoryview(self.map)
 
     def _drop_map(self) -> None:
-        # Arrays handed out without a copy (``copy_batches=False``) may still view the old map: it is then
-        # unmapped when the last of them goes, and its pages stay as they were (nothing writes them again).
+        # Arrays handed out without a copy may still view the old map: it is then unmapped when the last of
+        # them goes, and its pages stay as they were (nothing writes them again).
         if self.map is not None:
             with contextlib.suppress(BufferError):
                 self.map.close()
@@ -235,7 +254,7 @@ class _SlotWriter:
 
 class _Worker:
     def __init__(self, index: int, setup: bytes):
-        self.slots = [_Slot(_slot_file()) for _ in range(SLOTS_PER_WORKER)]
+        self.slots = [_Slot(_slot_file()) for _ in range(_SLOT_FILES)]
         requests_read, requests_write = os.pipe()
         replies_read, replies_write = os.pipe()
         slot_fds = [slot.fd for slot in self.slots]
@@ -263,6 +282,8 @@ class _Worker:
         self.ready = False
         self.layout: list[tuple[str, int, int, int]] = []  # the last layout this worker sent
         self.layout_end = 0  # bytes that layout spans
+        self.sent: collections.deque[_Slot] = collections.deque()  # the slots of the steps in flight, in order
+        self.next_slot = 0  # where the search for a free slot starts: the one after the slot used last
         self._header = bytearray(_REPLY.size)
         _send(self.requests, setup)
 
@@ -298,39 +319,55 @@ class _Worker:
         )
 
     def request(self, message: bytes) -> None:
+        """Sends a step, to be written into a free slot: neither in flight nor holding a batch still referenced."""
+        for k in range(len(self.slots)):
+            index = (self.next_slot + k) % len(self.slots)
+            slot = self.slots[index]
+            if not slot.in_flight and not slot.held():
+                break
+        else:  # receive() keeps fewer held than there are slots beyond the steps in flight
+            raise ReadWorkerError(f"Read worker {self.index} has no free slot: {len(self.sent)} steps in flight.")
         try:
-            _send(self.requests, message)
+            _send(self.requests, _REQUEST.pack(index) + message)
         except BrokenPipeError as error:  # the worker is gone: say which and how, as a reply cut short does
             raise self._ended(error) from None
+        slot.in_flight = True
+        self.sent.append(slot)
+        self.next_slot = index + 1
 
     def batch(self, step_reads: StepReads | PlannedStep, copy: bool) -> ClientBatch:
-        """The batch of the oldest step sent to this worker (``step_reads``): its arrays copied out of the
-        slot, or (``copy=False``) read-only views of it, intact until this worker's step ``SLOTS_PER_WORKER``
-        after it is sent."""
+        """The batch of the oldest step sent to this worker (``step_reads``); see ``ReadWorkers.receive``."""
         if not self.ready:
             self._take_ready()
         step, index, body = self._receive(f"the header of step {step_reads.step}")
+        expected = self.sent.popleft()
+        expected.in_flight = False
         if index == _ERROR:
             kind, message = json.loads(body)["error"]
             if kind == "CorruptRecordError":
                 raise CorruptRecordError(*message)
             raise _ERRORS.get(kind, ReadWorkerError)(message)
-        if step != step_reads.step or not 0 <= index < len(self.slots):
+        if step != step_reads.step or not 0 <= index < len(self.slots) or self.slots[index] is not expected:
             raise ReadWorkerError(
-                f"Read worker {self.index} answered step {step} (slot {index}) when step {step_reads.step} was due."
+                f"Read worker {self.index} answered step {step} (slot {index}) when step {step_reads.step} was due "
+                f"in slot {self.slots.index(expected)}."
             )
         if body:  # a new layout (the first batch, or another shape): later batches that keep it send none
             self.layout = [(name, offset, rows, length) for name, offset, rows, length in json.loads(body)]
             self.layout_end = max((offset + rows * length * 4 for _, offset, rows, length in self.layout), default=0)
-        slot = self.slots[index].view(self.layout_end)
+        slot = self.slots[index]
+        view = slot.view(self.layout_end)
         if not copy:
-            slot = slot.toreadonly()  # its arrays cannot be made writable either
+            view = view.toreadonly()  # its arrays cannot be made writable either
+        region = np.frombuffer(view, np.uint8, self.layout_end) if self.layout_end else np.zeros(0, np.uint8)
+        if copy:
+            if sum(other.held() for other in self.slots if other is not slot) < len(self.slots) - SLOTS_PER_WORKER:
+                slot.region = region  # handed out as views: the slot is not written again while they live
+            else:  # the caller holds that many batches: this one is copied, its slot free again at once
+                region = region.copy()
         features = {}
         for name, offset, rows, length in self.layout:
-            array = np.frombuffer(slot, np.int32, rows * length, offset).reshape(rows, length)
-            # A copy unless asked not to: the slot is written again steps later, while the caller may
-            # hold this batch.
-            features[name] = array.copy() if copy else array
+            features[name] = region[offset : offset + rows * length * 4].view(np.int32).reshape(rows, length)
         return ClientBatch(step_reads.step, False, step_reads.global_batch_size, step_reads.positions, features)
 
     def close(self, timeout: float) -> None:
@@ -419,9 +456,13 @@ class ReadWorkers:
     def receive(self, step: StepReads | PlannedStep, *, copy: bool = True) -> ClientBatch:
         """The batch of the oldest step sent and not yet received (``step``, as it was sent).
 
+        With ``copy`` (the default) the batch is the caller's: its arrays are never written again while anything
+        references any of them (writable views of the worker's slot, not sent another step until they are all
+        gone, or a copy when ``SLOTS_PER_WORKER`` of that worker's slots are so held). A process forked from this
+        one shares the slots: a batch it keeps after this process has dropped it may be written again.
         With ``copy=False`` its arrays are read-only views of the worker's slot: intact until step
-        ``step.step + SLOTS_PER_WORKER * count`` is sent (that worker writes it into the same slot), and after
-        ``close``."""
+        ``step.step + SLOTS_PER_WORKER * count`` is sent (that worker writes it into the same slot at the
+        earliest), and after ``close``."""
         batch = self._workers[self._received % len(self._workers)].batch(step, copy)
         self._received += 1
         return batch
@@ -489,10 +530,10 @@ def _serve(requests: io.BufferedReader, replies: IO[bytes], slot_fds: list[int])
     sent_layout: list[list[Any]] | None = None  # the layout the iterator holds: sent again only when it changes
     _reply(replies, -1, _READY)
     try:
-        for served in itertools.count():
+        while True:
             if (message := next_request()) is None:
                 break
-            index = served % len(slots)
+            index, message = _REQUEST.unpack_from(message)[0], message[_REQUEST.size :]
             # The batch is decoded straight into its slot: no arrays of its own, no copy.
             writer = _SlotWriter(slots[index])
             try:
