@@ -226,6 +226,7 @@ class _SlotWriter:
     def __init__(self, slot: _Slot):
         self.slot = slot
         self.placed: dict[str, tuple[int, int, int]] = {}  # name -> (byte offset, rows, length)
+        self.given: dict[str, np.ndarray] = {}  # name -> the array given last
         self.end = 0
 
     def __call__(self, name: str, rows: int, length: int) -> np.ndarray:
@@ -235,19 +236,21 @@ class _SlotWriter:
             self.end += rows * length * 4
         offset = placed[0]
         if not rows * length:
-            return np.zeros((rows, length), np.int32)  # nothing to place (an empty file cannot be mapped)
-        self.slot.grow(offset + rows * length * 4)
-        view = self.slot.view(offset + rows * length * 4)
-        return np.frombuffer(view, np.int32, rows * length, offset).reshape(rows, length)
+            array = np.zeros((rows, length), np.int32)  # nothing to place (an empty file cannot be mapped)
+        else:
+            self.slot.grow(offset + rows * length * 4)
+            view = self.slot.view(offset + rows * length * 4)
+            array = np.frombuffer(view, np.int32, rows * length, offset).reshape(rows, length)
+        self.given[name] = array
+        return array
 
     def layout(self, features: Mapping[str, np.ndarray]) -> list[list[Any]]:
         """[name, byte offset, rows, length] of each feature of a batch, in its order, with any array that
         is not already where the writer put it (a skipped step has none) copied there."""
         layout = []
         for name, array in features.items():
-            target = self(name, *array.shape)
-            if target.ctypes.data != array.ctypes.data:
-                target[...] = array
+            if array is not self.given.get(name):
+                self(name, *array.shape)[...] = array
             layout.append([name, *self.placed[name]])
         return layout
 
