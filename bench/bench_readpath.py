@@ -72,12 +72,16 @@ pipe); the iterator hands a batch out as views of its slot, no copy, and sends n
 while anything references the batch handed out of it (``_Slot.held``: the reference count of the
 array all its views hang from), with ``2 * SLOTS_PER_WORKER`` slot files a worker (the request names
 the slot) and copies only once the caller holds ``SLOTS_PER_WORKER`` of a worker's batches. After, in
-the same accounting alternated with the old tree: the iterator's process ~150 us a step (reading
-thread ~95-135), both workers together 2,440 against 2,790 us; in all 2,587 against 3,060 us a step
-(10.1 against 12.0 CPU-us an example) in one pair, 2,660 against 3,447 in another. The recorded run
-(BENCHMARKS.md) came on a loaded, slow machine: 1 core 106,006 examples/s at 9.4 CPU-us, 2 cores
-136,560 at 14.5 (the old tree 96,213 at 10.3 and 127,791 at 15.2): 1.29x, the target not met there; the
-same run's tf.data gave 2 / 1 1.52x. Left: a worker's index math costs about twice the in-process
+the same accounting alternated with the old tree (5 pairs, load 1.3-2.1): the iterator's process
+150-260 us a step against 270-410 (reading thread ~95-135 against ~190-240); in all, new against old,
+2,587/3,060, 2,660/3,447, 3,140/3,567, 3,433/3,033 and 3,273/3,893 us a step: medians 3,140 against
+3,447 (-9%; 12.3 against 13.5 CPU-us an example), lower in 4 pairs of 5. The full runs came on a
+loaded machine, slower than on 11-24 in every row (tf.data 1 core 82-86k examples/s against 172k), and
+their 2 / 1 swung with it: 1.66x, 1.29x, 1.70x in three runs within 10 minutes (their 1-core read path
+78,578, 106,006, 86,287 examples/s at 12.8, 9.4, 11.7 CPU-us; 2 cores 130,666, 136,560, 146,670 at 14.7,
+14.5, 12.6; the old tree's 2 cores at 11.5, 15.2, 13.9). BENCHMARKS.md holds the second, the first
+written after the code was final (the first run's 1-core rows were the most disturbed): 1.29x, the
+target not shown met on this machine today. Left: a worker's index math costs about twice the in-process
 windows' (computing it in the iterator's fetch thread and sending a binary ``StepReads`` might save
 ~100 us a step, not tried), and a worker's decode ~15% more than in-process (two cores sharing caches
 and memory bandwidth).
