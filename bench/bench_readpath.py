@@ -53,6 +53,38 @@ as read-only views of the slots (``copy_batches=False``), saving the iterator's 
 alternated runs at load ~0.5-1.3 (``--measure readpath``, 1,000 batches): workers=2 on 2 cores
 209,822-225,627 examples/s at 8.3-8.8 CPU-us each (the baseline 167,060-210,274 at 7.9-9.9), 1 core
 179,213-180,030 at 5.5; with views 217,774 at 7.3 CPU-us.
+
+This round (readscale, 2026-11-26), for the 1.6x of two cores over one. Where worker mode spent its CPU,
+per step (each thread's CPU from /proc over 1,500-2,000 steps once the workers serve, 2 cores, load
+1.3-2.1; the machine ran everything, tf.data too, about 1.5-2x slower than on 11-24): the iterator's
+process ~270 us (reading thread ~200: the JSON header, copying the 640 KB out, queueing; fetch thread
+~35; train thread ~35); each worker ~2,700-2,900 us a step of its own: ~2,200 reading (decode
+~1,450-1,600, spans ~520-600), ~400-480 the index math of its one step (``fetch(k, 1)`` costs ~185 us
+alone and ~300 between reads, its tables gone cold; the in-process fetch thread's windows of 16
+~170-230 a step), ~170 copying the batch into the slot, its JSON header and the pipe, and ~50 more in
+the thread that took requests off the pipe (and handed the GIL over every step). py-spy (500 Hz) agreed:
+in the workers ``BatchReader.read`` 54%, index math 13%, ``_send`` 16% (blocked pipe writes sampled as
+active). Changes: the worker decodes straight into its slot (``decode_padded(..., out)``,
+``BatchReader.read(..., into)``, ``read_workers._SlotWriter``): no arrays of its own, no copy; a reply
+is a fixed 24-byte header (step, slot, body size), the feature layout sent only when it changes: no
+JSON on either side; over a local source the worker reads its requests in its own thread (buffered
+pipe); the iterator hands a batch out as views of its slot, no copy, and sends no step into a slot
+while anything references the batch handed out of it (``_Slot.held``: the reference count of the
+array all its views hang from), with ``2 * SLOTS_PER_WORKER`` slot files a worker (the request names
+the slot) and copies only once the caller holds ``SLOTS_PER_WORKER`` of a worker's batches. After, in
+the same accounting alternated with the old tree (5 pairs, load 1.3-2.1): the iterator's process
+150-260 us a step against 270-410 (reading thread ~95-135 against ~190-240); in all, new against old,
+2,587/3,060, 2,660/3,447, 3,140/3,567, 3,433/3,033 and 3,273/3,893 us a step: medians 3,140 against
+3,447 (-9%; 12.3 against 13.5 CPU-us an example), lower in 4 pairs of 5. The full runs came on a
+loaded machine, slower than on 11-24 in every row (tf.data 1 core 82-86k examples/s against 172k), and
+their 2 / 1 swung with it: 1.66x, 1.29x, 1.70x in three runs within 10 minutes (their 1-core read path
+78,578, 106,006, 86,287 examples/s at 12.8, 9.4, 11.7 CPU-us; 2 cores 130,666, 136,560, 146,670 at 14.7,
+14.5, 12.6; the old tree's 2 cores at 11.5, 15.2, 13.9). BENCHMARKS.md holds the second, the first
+written after the code was final (the first run's 1-core rows were the most disturbed): 1.29x, the
+target not shown met on this machine today. Left: a worker's index math costs about twice the in-process
+windows' (computing it in the iterator's fetch thread and sending a binary ``StepReads`` might save
+~100 us a step, not tried), and a worker's decode ~15% more than in-process (two cores sharing caches
+and memory bandwidth).
 """
 
 from __future__ import annotations

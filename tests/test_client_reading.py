@@ -185,3 +185,27 @@ def test_the_generic_decoder_behind_the_fast_path_gives_the_same_batches(root, m
     for a, b in zip(fast, generic, strict=True):
         assert a.features.keys() == b.features.keys()
         assert all(a.features[name].tobytes() == b.features[name].tobytes() for name in a.features)
+
+
+def test_a_batch_read_into_given_arrays_is_the_same_by_either_decoder(root, monkeypatch):
+    # A read worker passes an allocator whose arrays lie in the memory it shares with the iterator: the batch
+    # is decoded into exactly those (whatever they held), by the fast path or the generic one.
+    source, reader = source_and_reader(root)
+    steps = source.fetch(0, 12, HostSlice(0, 2))
+    plain = [reader.read(step_reads) for step_reads in steps]
+    given: dict[str, np.ndarray] = {}
+
+    def into(name, rows, length):
+        given[name] = np.full((rows, length), -1, dtype=np.int32)  # garbage the decoder must overwrite
+        return given[name]
+
+    for decoder in ("fast", "generic"):
+        if decoder == "generic":
+            monkeypatch.setattr("trainer_client.reading.decode_padded", lambda *args: None)
+        for step_reads, expected in zip(steps, plain, strict=True):
+            batch = reader.read(step_reads, into)
+            assert all(batch.features[name] is given[name] for name in batch.features), decoder
+            assert batch.features.keys() == expected.features.keys()
+            assert all(batch.features[n].tobytes() == expected.features[n].tobytes() for n in expected.features)
+    reader.close()
+    source.close()

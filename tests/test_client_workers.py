@@ -414,8 +414,9 @@ def test_an_uncopied_batch_stays_intact_until_the_next_one_is_asked_for_and_cann
         snapshot = {k: v.copy() for k, v in held.features.items()}
         time.sleep(1.0)  # the workers read ahead as far as they are let
         assert all(np.array_equal(held.features[k], snapshot[k]) for k in snapshot)
-        # Negative control: once later batches are asked for, the workers write the same memory again.
-        for _ in range(8):
+        # Negative control: once later batches are asked for, the workers write the same memory again (each
+        # worker cycles through its 2 * SLOTS_PER_WORKER slot files).
+        for _ in range(2 * 2 * SLOTS_PER_WORKER + 4):
             next(it)
         time.sleep(0.5)
         assert not all(np.array_equal(held.features[k], snapshot[k]) for k in snapshot)
@@ -424,3 +425,46 @@ def test_an_uncopied_batch_stays_intact_until_the_next_one_is_asked_for_and_cann
 def test_copy_batches_must_be_a_bool():
     with pytest.raises(ValueError, match="copy_batches must be True or False but got 0"):
         DataIterator(None, LENGTHS, copy_batches=0)  # type: ignore[arg-type]
+
+
+def from_slot(array) -> bool:
+    """Whether a batch's array views a worker's slot (no copy): its base is not memory of its own."""
+    return array.base is not None and not array.base.flags.owndata
+
+
+def test_held_batches_stay_intact_and_only_those_beyond_the_slots_a_worker_spares_are_copied(root):
+    # The caller keeps every batch: each worker hands out SLOTS_PER_WORKER of them as views of its slots and
+    # copies the others (its other slots carry the steps in flight); all stay the in-process reader's bytes,
+    # writable like arrays of their own, after later steps and after close.
+    plain = collect(local(root), HostSlice(0, 1), stop=60)
+    held = collect(local(root), HostSlice(0, 1), stop=60, workers=2)
+    assert same(held, plain)
+    viewed = [step for step, features in held if from_slot(features["inputs"])]
+    assert len(viewed) == 2 * SLOTS_PER_WORKER, viewed  # two workers
+    assert all(features["inputs"].flags.writeable for _, features in held)
+
+
+def test_a_batch_is_written_again_only_once_the_caller_has_dropped_it_and_is_never_copied_then(root):
+    with DataIterator(local(root), LENGTHS, host_slice=HostSlice(0, 1), stop_step=300, workers=2) as it:
+        kept = next(it)
+        while not from_slot(kept.features["inputs"]):  # the first steps, read while the workers start
+            kept = next(it)
+            time.sleep(0.05)
+        row = kept.features["inputs"][3]  # a view of the batch keeps it from being written again, as the batch does
+        snapshot = {k: v.copy() for k, v in kept.features.items()}
+        address = kept.features["inputs"].ctypes.data
+        del kept
+        addresses = []
+        for _ in range(8 * SLOTS_PER_WORKER):  # four times around each worker's slots
+            batch = next(it)
+            assert from_slot(batch.features["inputs"])  # a caller that keeps nothing costs no copy
+            addresses.append(batch.features["inputs"].ctypes.data)
+            del batch
+        assert np.array_equal(row, snapshot["inputs"][3]) and address not in addresses
+        # Negative control: once the row is dropped too, that slot carries later steps again.
+        del row
+        for _ in range(8 * SLOTS_PER_WORKER):
+            batch = next(it)
+            addresses.append(batch.features["inputs"].ctypes.data)
+            del batch
+        assert address in addresses

@@ -171,3 +171,23 @@ def test_records_longer_than_16_kb_take_the_fast_path():
     assert max(len(r) for r in records) > 16_384 > min(len(r) for r in records)
     fast, _ = assert_agrees(*spans(records), {"inputs": 7_000, "targets": 3})
     assert fast is not None
+
+
+def test_out_arrays_are_filled_whole_and_returned():
+    # decode_padded writes every element of the arrays ``out`` gives (padding included) and returns them.
+    records = [example_codec.encode_example({"inputs": np.arange(1, 1 + n, dtype=np.int64),
+                                             "targets": np.array([300 * n], dtype=np.int64)}) for n in (0, 3, 12)]
+    buffer, starts, ends = spans(records)
+    given = {}
+
+    def out(name, rows, length):
+        given[name] = np.full((rows, length), 77, dtype=np.int32)
+        return given[name]
+
+    fast = decode_padded(buffer, starts, ends, LENGTHS, out)
+    expected = generic(buffer, starts, ends, LENGTHS)
+    assert fast is not None and all(fast[name] is given[name] for name in LENGTHS)
+    assert all(np.array_equal(fast[name], expected[name]) for name in LENGTHS)
+    assert decode_padded(b"", np.zeros(0, np.int64), np.zeros(0, np.int64), LENGTHS, out)["inputs"] is given["inputs"]
+    with pytest.raises(ValueError, match="C-contiguous int32 array of shape"):
+        decode_padded(buffer, starts, ends, LENGTHS, lambda name, rows, length: np.zeros((rows, length), np.int64))

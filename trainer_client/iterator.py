@@ -111,8 +111,10 @@ class DataIterator:
       workers: processes that read batches (0: the reading thread of this process reads them). Over a
         ``LocalAssignments`` source each worker computes its own steps' instructions (this process
         computes only the steps it reads itself: skipped ones, and those before the workers have started).
-      copy_batches: with workers, whether a batch's arrays are copied out of the worker's shared memory
-        (the default). With False they are read-only views of it, saving a copy of every batch, valid until
+      copy_batches: with workers, whether a batch's arrays are the caller's (the default): never written
+        again while anything references them (views of the worker's shared memory, which it writes no
+        other batch into until they are all gone; copies when the caller holds ``SLOTS_PER_WORKER`` of
+        a worker's batches; ``ReadWorkers.receive``). With False they are read-only views of it, saving a copy of every batch, valid until
         the caller asks for the next batch: the arrays of step ``k`` stay intact until the caller calls
         ``next()`` for step ``k + 1`` (the workers do not write that memory before); that call (or
         ``restore``) ends them, and they must not be read after it: copy what must live longer. After ``close`` nothing writes them. Batches this process reads

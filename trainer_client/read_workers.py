@@ -10,12 +10,13 @@ of its instructions (``taskdata.index.to_json``), over a pair of pipes of its ow
 free for logs). Over a local source (``LocalSteps``: the cache version folders and the host's slice)
 a worker gets only step numbers (``PlannedStep``) and computes each step's instructions itself with the
 index math ``LocalAssignments`` runs, so that neither the iterator's process nor the worker spends
-its time on the instructions' JSON. It writes each batch's int32 arrays into one of its ``SLOTS_PER_WORKER`` slot files shared with the
-iterator (anonymous memory files, ``memfd``, where the system has them; unlinked temporary files
-elsewhere), the one its step number names, and answers with a JSON header saying where they are: the
-iterator copies them out, one memory copy, where a pipe cost a copy into the kernel and one out of it,
-and a system call per 64 KiB. A slot is written again only for the step ``SLOTS_PER_WORKER`` after it on that worker,
-which the iterator sends once it has copied the batch out. A worker ends when its request pipe
+its time on the instructions' JSON. It decodes each batch's int32 arrays straight into one of its
+``2 * SLOTS_PER_WORKER`` slot files shared with the iterator (anonymous memory files, ``memfd``, where the
+system has them; unlinked temporary files elsewhere), the one the request names, and answers with a
+fixed binary header (the feature layout only when it changes). The iterator hands the batch out as
+views of the slot, no copy at all, and sends no step into a slot while anything still references the
+batch handed out of it (``_Slot.held``); where the caller holds ``SLOTS_PER_WORKER`` such batches of a
+worker, a batch is copied out instead, so that a slot is always free. A worker ends when its request pipe
 closes, so it cannot outlive the process that started it (nor can its slots: nothing names them but
 the two processes' descriptors); ``close`` also waits for each one to exit (and kills it after a
 timeout).
@@ -24,11 +25,12 @@ timeout).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import io
-import itertools
 import json
 import mmap
 import os
@@ -55,6 +57,10 @@ from trainer_client.reading import BatchReader, ClientBatch
 __all__ = ["SLOTS_PER_WORKER", "LocalSteps", "PlannedStep", "ReadWorkerError", "ReadWorkers", "keep_batch_memory"]
 
 _LENGTH = struct.Struct("<Q")
+# A worker's reply: a fixed header (step, slot, bytes of the body that follows) read in one system call, so
+# that a batch costs no JSON on either side. Its slot is where the batch is, or one of these codes.
+_REPLY = struct.Struct("<qqq")
+_READY, _ERROR = -1, -2
 # What a worker sets glibc's malloc to (as MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ would): keep
 # the memory of a batch for the next one instead of returning it to the system and faulting it in again
 # (each batch allocates and frees megabytes: ~20% of a worker's CPU under load).
@@ -118,7 +124,7 @@ def _send(out: IO[bytes], message: bytes) -> None:
     out.flush()
 
 
-def _receive_exactly(source: io.FileIO, target: memoryview, what: str) -> None:
+def _receive_exactly(source: io.BufferedReader | io.FileIO, target: memoryview, what: str) -> None:
     got = 0
     while got < len(target):
         more = source.readinto(target[got:])
@@ -127,7 +133,7 @@ def _receive_exactly(source: io.FileIO, target: memoryview, what: str) -> None:
         got += more
 
 
-def _receive_message(source: io.FileIO, what: str) -> bytes:
+def _receive_message(source: io.BufferedReader | io.FileIO, what: str) -> bytes:
     header = bytearray(_LENGTH.size)
     _receive_exactly(source, memoryview(header), what)
     body = bytearray(_LENGTH.unpack(header)[0])
@@ -149,6 +155,12 @@ def _widen(pipe: int) -> None:
 # A worker's steps in flight at most, each with a slot of its own (``ReadWorkers``' callers send up to this
 # many per worker): with more, a worker reads further ahead of a caller whose steps come unevenly.
 SLOTS_PER_WORKER = 4
+# Slot files per worker: those of the steps in flight, and as many more for batches handed out as views of
+# their slot (``ReadWorkers.receive``) that something still references. A batch that finds that many
+# views held is copied out of its slot instead, so a slot is always free for the next step.
+_SLOT_FILES = 2 * SLOTS_PER_WORKER
+# A request: the slot to write the batch into, then the step (its number, or its instructions).
+_REQUEST = struct.Struct("<q")
 
 
 def _slot_file() -> int:
@@ -165,6 +177,25 @@ class _Slot:
     def __init__(self, fd: int):
         self.fd = fd
         self.map: mmap.mmap | None = None
+        self.size = os.fstat(fd).st_size  # as this process last saw or made it
+        # The iterator's side: the array whose views make up the batch last handed out of this slot without
+        # a copy, kept while the caller may hold it (None: nothing handed out, or nothing to track).
+        self.region: np.ndarray | None = None
+        self.in_flight = False  # a step sent to be written here and not received yet
+
+    def held(self) -> bool:
+        """Whether a batch handed out as views of this slot is still referenced: every array made from it
+        (views of views, memoryviews, ...) references ``region``, so only ours and getrefcount's argument
+        remain once the caller has dropped them all (the check cannot race: no one else can make a new one)."""
+        if self.region is not None and sys.getrefcount(self.region) <= 2:
+            self.region = None
+        return self.region is not None
+
+    def grow(self, size: int) -> None:
+        """Makes the file at least ``size`` bytes (the worker's side: the iterator remaps it as it reads)."""
+        if size > self.size:
+            os.ftruncate(self.fd, size)
+            self.size = size
 
     def view(self, size: int) -> memoryview:
         if not size:
@@ -175,8 +206,8 @@ class _Slot:
         return memoryview(self.map)
 
     def _drop_map(self) -> None:
-        # Arrays handed out without a copy (``copy_batches=False``) may still view the old map: it is then
-        # unmapped when the last of them goes, and its pages stay as they were (nothing writes them again).
+        # Arrays handed out without a copy may still view the old map: it is then unmapped when the last of
+        # them goes, and its pages stay as they were (nothing writes them again).
         if self.map is not None:
             with contextlib.suppress(BufferError):
                 self.map.close()
@@ -187,9 +218,46 @@ class _Slot:
         os.close(self.fd)
 
 
+class _SlotWriter:
+    """Carves one batch's arrays out of a slot, one after another as the decoder asks for them (an
+    ``Allocate``: ``BatchReader.read`` decodes into them), growing the file where they do not fit. A
+    feature asked for again with the same shape gets the same bytes (the generic path after a refusal)."""
+
+    def __init__(self, slot: _Slot):
+        self.slot = slot
+        self.placed: dict[str, tuple[int, int, int]] = {}  # name -> (byte offset, rows, length)
+        self.given: dict[str, np.ndarray] = {}  # name -> the array given last
+        self.end = 0
+
+    def __call__(self, name: str, rows: int, length: int) -> np.ndarray:
+        placed = self.placed.get(name)
+        if placed is None or placed[1:] != (rows, length):
+            placed = self.placed[name] = (self.end, rows, length)
+            self.end += rows * length * 4
+        offset = placed[0]
+        if not rows * length:
+            array = np.zeros((rows, length), np.int32)  # nothing to place (an empty file cannot be mapped)
+        else:
+            self.slot.grow(offset + rows * length * 4)
+            view = self.slot.view(offset + rows * length * 4)
+            array = np.frombuffer(view, np.int32, rows * length, offset).reshape(rows, length)
+        self.given[name] = array
+        return array
+
+    def layout(self, features: Mapping[str, np.ndarray]) -> list[list[Any]]:
+        """[name, byte offset, rows, length] of each feature of a batch, in its order, with any array that
+        is not already where the writer put it (a skipped step has none) copied there."""
+        layout = []
+        for name, array in features.items():
+            if array is not self.given.get(name):
+                self(name, *array.shape)[...] = array
+            layout.append([name, *self.placed[name]])
+        return layout
+
+
 class _Worker:
     def __init__(self, index: int, setup: bytes):
-        self.slots = [_Slot(_slot_file()) for _ in range(SLOTS_PER_WORKER)]
+        self.slots = [_Slot(_slot_file()) for _ in range(_SLOT_FILES)]
         requests_read, requests_write = os.pipe()
         replies_read, replies_write = os.pipe()
         slot_fds = [slot.fd for slot in self.slots]
@@ -215,6 +283,11 @@ class _Worker:
         self.requests = os.fdopen(requests_write, "wb")
         self.replies = os.fdopen(replies_read, "rb", buffering=0)
         self.ready = False
+        self.layout: list[tuple[str, int, int, int]] = []  # the last layout this worker sent
+        self.layout_end = 0  # bytes that layout spans
+        self.sent: collections.deque[_Slot] = collections.deque()  # the slots of the steps in flight, in order
+        self.next_slot = 0  # where the search for a free slot starts: the one after the slot used last
+        self._header = bytearray(_REPLY.size)
         _send(self.requests, setup)
 
     def poll_ready(self) -> bool:
@@ -224,16 +297,22 @@ class _Worker:
         return self.ready
 
     def _take_ready(self) -> None:
-        reply = json.loads(self._receive("its ready message"))
-        if reply != {"ready": True}:
-            raise ReadWorkerError(f"Read worker {self.index} (pid {self.process.pid}) did not start: {reply}")
+        _, code, body = self._receive("its ready message")
+        if code != _READY:
+            raise ReadWorkerError(f"Read worker {self.index} (pid {self.process.pid}) did not start: {code} {body!r}")
         self.ready = True
 
-    def _receive(self, what: str) -> bytes:
+    def _receive(self, what: str) -> tuple[int, int, bytes]:
+        """A reply: (step, slot or code, body)."""
         try:
-            return _receive_message(self.replies, what)
+            _receive_exactly(self.replies, memoryview(self._header), what)
+            step, slot, size = _REPLY.unpack(self._header)
+            body = bytearray(size)
+            if size:
+                _receive_exactly(self.replies, memoryview(body), what)
         except EOFError as error:
             raise self._ended(error) from None
+        return step, slot, bytes(body)
 
     def _ended(self, error: EOFError | BrokenPipeError) -> ReadWorkerError:
         code = self.process.wait(timeout=10)
@@ -243,38 +322,55 @@ class _Worker:
         )
 
     def request(self, message: bytes) -> None:
+        """Sends a step, to be written into a free slot: neither in flight nor holding a batch still referenced."""
+        for k in range(len(self.slots)):
+            index = (self.next_slot + k) % len(self.slots)
+            slot = self.slots[index]
+            if not slot.in_flight and not slot.held():
+                break
+        else:  # receive() keeps fewer held than there are slots beyond the steps in flight
+            raise ReadWorkerError(f"Read worker {self.index} has no free slot: {len(self.sent)} steps in flight.")
         try:
-            _send(self.requests, message)
+            _send(self.requests, _REQUEST.pack(index) + message)
         except BrokenPipeError as error:  # the worker is gone: say which and how, as a reply cut short does
             raise self._ended(error) from None
+        slot.in_flight = True
+        self.sent.append(slot)
+        self.next_slot = index + 1
 
     def batch(self, step_reads: StepReads | PlannedStep, copy: bool) -> ClientBatch:
-        """The batch of the oldest step sent to this worker (``step_reads``): its arrays copied out of the
-        slot, or (``copy=False``) read-only views of it, intact until this worker's step ``SLOTS_PER_WORKER``
-        after it is sent."""
+        """The batch of the oldest step sent to this worker (``step_reads``); see ``ReadWorkers.receive``."""
         if not self.ready:
             self._take_ready()
-        header = json.loads(self._receive(f"the header of step {step_reads.step}"))
-        if "error" in header:
-            kind, message = header["error"]
+        step, index, body = self._receive(f"the header of step {step_reads.step}")
+        expected = self.sent.popleft()
+        expected.in_flight = False
+        if index == _ERROR:
+            kind, message = json.loads(body)["error"]
             if kind == "CorruptRecordError":
                 raise CorruptRecordError(*message)
             raise _ERRORS.get(kind, ReadWorkerError)(message)
-        if header["step"] != step_reads.step:
+        if step != step_reads.step or not 0 <= index < len(self.slots) or self.slots[index] is not expected:
             raise ReadWorkerError(
-                f"Read worker {self.index} answered step {header['step']} when step {step_reads.step} was due."
+                f"Read worker {self.index} answered step {step} (slot {index}) when step {step_reads.step} was due "
+                f"in slot {self.slots.index(expected)}."
             )
-        slot = self.slots[header["slot"]].view(header["bytes"])
+        if body:  # a new layout (the first batch, or another shape): later batches that keep it send none
+            self.layout = [(name, offset, rows, length) for name, offset, rows, length in json.loads(body)]
+            self.layout_end = max((offset + rows * length * 4 for _, offset, rows, length in self.layout), default=0)
+        slot = self.slots[index]
+        view = slot.view(self.layout_end)
         if not copy:
-            slot = slot.toreadonly()  # its arrays cannot be made writable either
+            view = view.toreadonly()  # its arrays cannot be made writable either
+        region = np.frombuffer(view, np.uint8, self.layout_end) if self.layout_end else np.zeros(0, np.uint8)
+        if copy:
+            if sum(other.held() for other in self.slots if other is not slot) < len(self.slots) - SLOTS_PER_WORKER:
+                slot.region = region  # handed out as views: the slot is not written again while they live
+            else:  # the caller holds that many batches: this one is copied, its slot free again at once
+                region = region.copy()
         features = {}
-        offset = 0
-        for name, rows, length in header["features"]:
-            array = np.frombuffer(slot, np.int32, rows * length, offset).reshape(rows, length)
-            # A copy unless asked not to: the slot is written again steps later, while the caller may
-            # hold this batch.
-            features[name] = array.copy() if copy else array
-            offset += rows * length * 4
+        for name, offset, rows, length in self.layout:
+            features[name] = region[offset : offset + rows * length * 4].view(np.int32).reshape(rows, length)
         return ClientBatch(step_reads.step, False, step_reads.global_batch_size, step_reads.positions, features)
 
     def close(self, timeout: float) -> None:
@@ -363,9 +459,13 @@ class ReadWorkers:
     def receive(self, step: StepReads | PlannedStep, *, copy: bool = True) -> ClientBatch:
         """The batch of the oldest step sent and not yet received (``step``, as it was sent).
 
+        With ``copy`` (the default) the batch is the caller's: its arrays are never written again while anything
+        references any of them (writable views of the worker's slot, not sent another step until they are all
+        gone, or a copy when ``SLOTS_PER_WORKER`` of that worker's slots are so held). A process forked from this
+        one shares the slots: a batch it keeps after this process has dropped it may be written again.
         With ``copy=False`` its arrays are read-only views of the worker's slot: intact until step
-        ``step.step + SLOTS_PER_WORKER * count`` is sent (that worker writes it into the same slot), and after
-        ``close``."""
+        ``step.step + SLOTS_PER_WORKER * count`` is sent (that worker writes it into the same slot at the
+        earliest), and after ``close``."""
         batch = self._workers[self._received % len(self._workers)].batch(step, copy)
         self._received += 1
         return batch
@@ -381,6 +481,11 @@ class ReadWorkers:
 # --- the worker process ---------------------------------------------------------------------------
 
 
+def _reply(out: IO[bytes], step: int, slot: int, body: bytes = b"") -> None:
+    out.write(_REPLY.pack(step, slot, len(body)) + body)
+    out.flush()
+
+
 def _error_reply(error: Exception) -> bytes:
     if isinstance(error, CorruptRecordError):
         detail: Any = [error.path, error.record_index, error.byte_offset, error.reason]
@@ -390,7 +495,15 @@ def _error_reply(error: Exception) -> bytes:
     return json.dumps({"error": [kind or "ReadWorkerError", message]}).encode()
 
 
-def _drain(requests: io.FileIO, into: queue.SimpleQueue[bytes | None]) -> None:
+def _next_request(requests: io.BufferedReader) -> bytes | None:
+    """The next request off the pipe (None at its end), read in this thread."""
+    try:
+        return _receive_message(requests, "a request")
+    except (EOFError, OSError):
+        return None
+
+
+def _drain(requests: io.BufferedReader, into: queue.SimpleQueue[bytes | None]) -> None:
     """Takes every request off the pipe as it comes (None at its end), so that the iterator never waits
     to send while this worker waits for it to take a batch: neither pipe can fill both ways at once."""
     try:
@@ -400,43 +513,45 @@ def _drain(requests: io.FileIO, into: queue.SimpleQueue[bytes | None]) -> None:
         into.put(None)  # the iterator closed the pipe (or ended): nothing more to read
 
 
-def _serve(requests: io.FileIO, replies: IO[bytes], slot_fds: list[int]) -> None:
+def _serve(requests: io.BufferedReader, replies: IO[bytes], slot_fds: list[int]) -> None:
     setup = json.loads(_receive_message(requests, "the setup message"))
     info = RunInfo(RunPlan.from_dict(setup["plan"]), setup["split"])
     reader = BatchReader(info, setup["lengths"], verify_crc=setup["verify_crc"])
     local = setup["local"]
     # With a local source the worker computes its steps' instructions as the iterator's source would.
     steps = None if local is None else (LocalAssignments(info.plan, local["version_dirs"]), HostSlice(*local["host_slice"]))
-    pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-    threading.Thread(target=_drain, args=(requests, pending), daemon=True, name="taskdata-requests").start()
+    if steps is None:
+        pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        threading.Thread(target=_drain, args=(requests, pending), daemon=True, name="taskdata-requests").start()
+        next_request = pending.get
+    else:
+        # A step number is a few bytes and at most SLOTS_PER_WORKER are in flight, as are replies of a few
+        # bytes: neither pipe can fill, so this thread reads the requests itself, without the thread (and
+        # its hand-over of the GIL every step) that a step's instructions need.
+        next_request = functools.partial(_next_request, requests)
     slots = [_Slot(fd) for fd in slot_fds]
-    _send(replies, json.dumps({"ready": True}).encode())
+    sent_layout: list[list[Any]] | None = None  # the layout the iterator holds: sent again only when it changes
+    _reply(replies, -1, _READY)
     try:
-        for served in itertools.count():
-            if (message := pending.get()) is None:
+        while True:
+            if (message := next_request()) is None:
                 break
+            index, message = _REQUEST.unpack_from(message)[0], message[_REQUEST.size :]
+            # The batch is decoded straight into its slot: no arrays of its own, no copy.
+            writer = _SlotWriter(slots[index])
             try:
                 if steps is None:
-                    batch = reader.read(from_json(message))
+                    batch = reader.read(from_json(message), writer)
                 else:
                     source, host_slice = steps
-                    batch = reader.read(source.fetch(int(message), 1, host_slice)[0])
+                    batch = reader.read(source.fetch(int(message), 1, host_slice)[0], writer)
             except Exception as error:  # reported to the train loop, which raises it
-                _send(replies, _error_reply(error))
+                _reply(replies, -1, _ERROR, _error_reply(error))
                 continue
-            index = served % len(slots)
-            arrays = [np.ascontiguousarray(batch.features[name], dtype=np.int32) for name in batch.features]
-            size = sum(array.nbytes for array in arrays)
-            if os.fstat(slots[index].fd).st_size < size:
-                os.ftruncate(slots[index].fd, size)  # the iterator remaps it when the header says so
-            view, offset = slots[index].view(size), 0
-            for array in arrays:
-                view[offset : offset + array.nbytes] = array.data.cast("B")
-                offset += array.nbytes
-            del view  # an exported view would keep the map from being closed or remapped
-            header = {"step": batch.step, "slot": index, "bytes": size,
-                      "features": [[name, *array.shape] for name, array in zip(batch.features, arrays, strict=True)]}
-            _send(replies, json.dumps(header).encode())
+            step, layout = batch.step, writer.layout(batch.features)
+            del batch, writer  # views of the slot would keep its map from being closed or remapped
+            _reply(replies, step, index, b"" if layout == sent_layout else json.dumps(layout).encode())
+            sent_layout = layout
     finally:
         reader.close()
         if steps is not None:
@@ -468,6 +583,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slots", type=int, nargs="+", required=True)
     args = parser.parse_args(argv)
     keep_batch_memory()
-    requests, replies = os.fdopen(args.requests, "rb", buffering=0), os.fdopen(args.replies, "wb")
+    # Buffered: one system call takes every request already in the pipe.
+    requests, replies = os.fdopen(args.requests, "rb"), os.fdopen(args.replies, "wb")
     with contextlib.suppress(BrokenPipeError), requests, replies:  # BrokenPipeError: the iterator is gone
         _serve(requests, replies, args.slots)

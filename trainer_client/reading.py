@@ -22,6 +22,7 @@ import numpy as np
 from taskdata.cache.reader import CacheReader
 from taskdata.example import decode_batch, decode_padded, pad_features
 from taskdata.example.packing import positions_name, segment_ids_name
+from taskdata.example.padded import Allocate
 from taskdata.index import StepReads, TaskReads
 from trainer_client.assignments import AssignmentError, RunInfo
 from trainer_client.shard_table import CacheReaderTable
@@ -64,15 +65,19 @@ class BatchReader:
         self._readers: dict[str, tuple[CacheReader, CacheReaderTable]] = {}
         self._packed: tuple[str, ...] | None = None  # the packed features of the run's caches, once one is open
 
-    def read(self, step_reads: StepReads) -> ClientBatch:
+    def read(self, step_reads: StepReads, into: Allocate | None = None) -> ClientBatch:
+        """The step's batch; with ``into``, each feature's array is one ``into`` gave (called with the
+        feature's name, rows and length, once or more: a name asked again wants the same array)."""
         if step_reads.skipped:
             return ClientBatch(step_reads.step, True, step_reads.global_batch_size, step_reads.positions, {})
         per_task = [self._spans(step_reads.step, t, task) for t, task in enumerate(step_reads.tasks)]
         buffer, starts, ends = _interleave(step_reads.step, per_task, step_reads.order)
         lengths = self._lengths_with_packing()
-        features = decode_padded(buffer, starts, ends, lengths)
+        features = decode_padded(buffer, starts, ends, lengths, into)
         if features is None:
             features = self._decode_generic(step_reads.step, buffer, starts, ends, lengths)
+            if into is not None:
+                features = _copied_into(features, into)
         return ClientBatch(
             step_reads.step, False, step_reads.global_batch_size, step_reads.positions, features
         )
@@ -162,6 +167,14 @@ class BatchReader:
         for reader, _ in self._readers.values():
             reader.close()
         self._readers.clear()
+
+
+def _copied_into(features: Mapping[str, np.ndarray], into: Allocate) -> dict[str, np.ndarray]:
+    copies = {}
+    for name, array in features.items():
+        copies[name] = into(name, *array.shape)
+        copies[name][...] = array
+    return copies
 
 
 def _interleave(

@@ -14,14 +14,20 @@ error. It never returns another answer than that path.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from taskdata.example.batch import _WORKSPACE, _layout
 from taskdata.example.wire import _INT_TAG, _varint
 
-__all__ = ["decode_padded"]
+__all__ = ["Allocate", "decode_padded"]
+
+# Where a feature's padded array goes: called with (name, rows, length), it returns a writable C-contiguous
+# int32 array of that shape, whatever it holds (decode_padded writes every element). A read worker passes
+# one that carves the arrays out of the memory it shares with the iterator, so that the batch is decoded
+# where it is delivered instead of into fresh arrays copied there.
+Allocate = Callable[[str, int, int], np.ndarray]
 
 
 def decode_padded(
@@ -29,16 +35,19 @@ def decode_padded(
     starts: np.ndarray,
     ends: np.ndarray,
     lengths: Mapping[str, int],
+    out: Allocate | None = None,
 ) -> dict[str, np.ndarray] | None:
     """``{name: int32 [records, lengths[name]]}``, record ``i`` read from ``buffer[starts[i]:ends[i]]``
     and its values zero-padded; None if the generic path must decide (see the module docstring).
 
-    Spans may come in any order and repeat. Every feature of ``lengths`` must be an Int64List.
+    Spans may come in any order and repeat. Every feature of ``lengths`` must be an Int64List. With
+    ``out``, every array returned is one that ``out`` gave (asked for in the order of ``lengths``); when
+    None is returned, the arrays it gave hold anything.
     """
     if not lengths:
         return None  # nothing to decode, but the records are still checked: the generic path's call
     if len(starts) == 0:
-        return {name: np.zeros((0, length), dtype=np.int32) for name, length in lengths.items()}
+        return {name: _zeros(out, name, 0, length) for name, length in lengths.items()}
     view = memoryview(buffer).cast("B")
     size = len(view)
     starts = np.asarray(starts, dtype=np.int64)
@@ -65,7 +74,18 @@ def decode_padded(
     begins = np.concatenate([spans[name][0] for name in names]).tolist()
     ends_of = np.concatenate([spans[name][1] for name in names]).tolist()
     payloads = b"".join(map(view.__getitem__, map(slice, begins, ends_of)))
-    return _varint_rows(payloads, [spans[name][1] - spans[name][0] for name in names], lengths)
+    return _varint_rows(payloads, [spans[name][1] - spans[name][0] for name in names], lengths, out)
+
+
+def _zeros(out: Allocate | None, name: str, rows: int, length: int) -> np.ndarray:
+    if out is None:
+        return np.zeros((rows, length), dtype=np.int32)  # calloc: fresh pages come zeroed
+    array = out(name, rows, length)
+    if array.shape != (rows, length) or array.dtype != np.int32 or not array.flags.c_contiguous:
+        raise ValueError(f"out gave a {array.dtype} array of shape {array.shape} for feature {name!r}, "
+                         f"which needs a C-contiguous int32 array of shape {(rows, length)}.")
+    array.fill(0)
+    return array
 
 
 class _Refused(Exception):
@@ -153,7 +173,7 @@ def _filled_rows(length: int) -> np.ndarray:
 
 
 def _varint_rows(
-    data: bytes, row_bytes: list[np.ndarray], lengths: Mapping[str, int]
+    data: bytes, row_bytes: list[np.ndarray], lengths: Mapping[str, int], out: Allocate | None = None
 ) -> dict[str, np.ndarray] | None:
     """Decodes ``data``: for each feature of ``lengths`` in turn, one packed varint payload per record,
     of ``row_bytes[f][i]`` bytes. None if a payload does not end on a varint's last byte, a value needs
@@ -200,16 +220,16 @@ def _varint_rows(
         values[longer] = ((word & 0x7F) | ((word >> 1) & (0x7F << 7)) | ((word >> 2) & (0x7F << 14))
                           | ((word >> 3) & (0x7F << 21)) * fourth)  # fmt: skip
     before = np.searchsorted(varint_ends, bounds)  # varints that end before each row's first byte
-    out = {}
+    features = {}
     records = len(row_bytes[0])
     for f, (name, length) in enumerate(lengths.items()):
         first = before[f * records : (f + 1) * records + 1]
         counts = np.diff(first)
         if counts.max() > length:
             return None  # the generic path names the feature and the length
-        padded = np.zeros((records, length), dtype=np.int32)
+        padded = _zeros(out, name, records, length)
         filled = np.take(_filled_rows(length), counts, axis=0,
                          out=work.get("padded_filled", records * length, bool).reshape(records, length))
         padded[filled] = values[first[0] : first[-1]]
-        out[name] = padded
-    return out
+        features[name] = padded
+    return features
