@@ -81,7 +81,12 @@ their 2 / 1 swung with it: 1.66x, 1.29x, 1.70x in three runs within 10 minutes (
 78,578, 106,006, 86,287 examples/s at 12.8, 9.4, 11.7 CPU-us; 2 cores 130,666, 136,560, 146,670 at 14.7,
 14.5, 12.6; the old tree's 2 cores at 11.5, 15.2, 13.9). BENCHMARKS.md holds the second, the first
 written after the code was final (the first run's 1-core rows were the most disturbed): 1.29x, the
-target not shown met on this machine today. Left: a worker's index math costs about twice the in-process
+target not shown met on this machine today. A fourth run after the merge into main (load 0.8-1.7, no
+other agent's work running, written to BENCHMARKS.md in place of the second whatever it gave): 1 core
+112,157 examples/s at 8.9 CPU-us, 2 cores 187,188 at 10.3 (1.67x; fastest runs 1.70x; with
+``copy_batches=False`` 1.84x), the old tree 105,126 and 160,499 (1.53x); but the 1-core read path at
+0.91x of tf.data's 123,197 (fastest runs 1.06x), where 11-24 gave 1.12x: at this day's noise (runs of
+one row 98k-131k) neither the 1-core parity nor the 1.6x is settled by one run. Left: a worker's index math costs about twice the in-process
 windows' (computing it in the iterator's fetch thread and sending a binary ``StepReads`` might save
 ~100 us a step, not tried), and a worker's decode ~15% more than in-process (two cores sharing caches
 and memory bandwidth).
