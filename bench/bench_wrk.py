@@ -87,6 +87,18 @@ process but ~200 in the server, probably because its numpy work runs on caches t
 (in one process, writing 8 MB between calls adds 20-40 us to a slice and its JSON, most for r65536's
 65,536-shard tables): fewer and smaller memory touches (the shard finder's and the byte ranges' gathers) are
 what is left to cut, with the door and the event loop.
+
+2026-11-26, later: small trims of the door's answer path (the compact writer's type search by array method,
+each task's text written once per step, the mixing's tasks without their positions, one host per data shard
+without ``host_slice_for``) save a few us in one process (the compact JSON of a step's 8 slices ~126 ->
+~105 us) but nothing the server shows: in the recorded run below, side by side with main before them, server
+CPU per request 183 vs 183 us (r64 together), 331 vs 349 (r64 distinct), 167 vs 168 and 360 vs 362 (r65536).
+What moved the verdict is the machine: its trivial endpoint cost 113-133 us/request in today's afternoon runs
+against 97 in the morning, so the same server reached 62-74% / 31-34% of it (paired: each against a trivial
+run just before; the baseline 64-66% / 30-31% in the same runs). The morning's 56% / 28% (not paired, trivial
+97 us) and these are one server on a machine whose Python-heavy work slows by up to a third between hours:
+the compact targets are met in the recorded run but not with a margin that survives such a swing; base64
+(30-48 KB answers) stays at 38-51% / 27-31%.
 """
 
 from __future__ import annotations
