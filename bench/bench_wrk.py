@@ -89,8 +89,8 @@ process but ~200 in the server, probably because its numpy work runs on caches t
 what is left to cut, with the door and the event loop.
 
 2026-11-26, later: small trims of the door's answer path (the compact writer's type search by array method,
-each task's text written once per step, the mixing's tasks without their positions, one host per data shard
-without ``host_slice_for``) save a few us in one process (the compact JSON of a step's 8 slices ~126 ->
+each task's text written once per step, the mixing's tasks without their positions, and one host per data
+shard without ``host_slice_for``, since taken out again) save a few us in one process (the compact JSON of a step's 8 slices ~126 ->
 ~105 us) but nothing the server shows: in the recorded run below, side by side with main before them, server
 CPU per request 183 vs 183 us (r64 together), 331 vs 349 (r64 distinct), 167 vs 168 and 360 vs 362 (r65536).
 What moved the verdict is the machine: its trivial endpoint cost 113-133 us/request in today's afternoon runs
@@ -437,6 +437,7 @@ def main() -> None:
         results: dict[str, list[dict]] = {label: [] for label, *_ in CONFIGS}
         # Per target configuration (and its baseline), its rate over that of a trivial run made just before it.
         paired: dict[str, list[float]] = {}
+        paired_trivial: list[tuple[float, float]] = []  # each paired trivial run: (its server's cores, wrk's)
         for round_ in range(args.rounds):
             for i, (label, run, hosts, mode, steps, connections, encoding) in enumerate(CONFIGS):
                 target, pid = (trivial_port, trivial.pid) if run is None else (port, server.pid)
@@ -445,8 +446,11 @@ def main() -> None:
                 if label in TARGET_CONFIGS:
                     # The machine's speed moves from minute to minute: each ratio is taken against the trivial
                     # endpoint measured seconds before, not once per round.
-                    trivial_rate = wrk(str(script), trivial_port, trivial.pid, connections, args.paired_seconds,
-                                       MODE="trivial", RUN="", HOSTS=hosts, STEPS=steps, BASE=0, ENCODING="")["rate"]
+                    before = wrk(str(script), trivial_port, trivial.pid, connections, args.paired_seconds,
+                                 MODE="trivial", RUN="", HOSTS=hosts, STEPS=steps, BASE=0, ENCODING="")
+                    trivial_rate = before["rate"]
+                    # Saturated only if its server was near a core's worth of CPU and wrk well below.
+                    paired_trivial.append((before["rate"] * before["server_cpu_us"] / 1e6, before["wrk_cpu"]))
                 if baseline is not None and label in BASELINE_CONFIGS:
                     servers.append((f"baseline: {label}", base_port, baseline.pid))
                 for name, at, pid in servers:
@@ -533,6 +537,9 @@ def main() -> None:
     verdicts = [verdict(mode, target, encoding) for encoding in ("compact", "base64")
                 for mode, target in (("together", 0.6), ("distinct", 0.3))]
     verdicts += [f"p99 <= 3 ms at 1 connection: {p99:.2f} ms ({'met' if p99 <= 3 else 'NOT met'}; a quiet machine is asked)"]
+    busy, load_cpu = [b for b, _ in paired_trivial], [w for _, w in paired_trivial]
+    lines.append(f"the {len(paired_trivial)} paired trivial runs of {args.paired_seconds} s: their server busy "
+                 f"{min(busy):.0%}-{max(busy):.0%} of a core, wrk {min(load_cpu):.0%}-{max(load_cpu):.0%} of one")
     lines.append(f"targets: {'; '.join(verdicts)}; medians of {args.rounds} interleaved rounds of {args.seconds} s; "
                  f"load {', '.join(loads)}")
     print("\n".join(lines))

@@ -506,11 +506,9 @@ def _next_request(requests: io.BufferedReader) -> bytes | None:
 def _drain(requests: io.BufferedReader, into: queue.SimpleQueue[bytes | None]) -> None:
     """Takes every request off the pipe as it comes (None at its end), so that the iterator never waits
     to send while this worker waits for it to take a batch: neither pipe can fill both ways at once."""
-    try:
-        while True:
-            into.put(_receive_message(requests, "a request"))
-    except (EOFError, OSError):
-        into.put(None)  # the iterator closed the pipe (or ended): nothing more to read
+    while (message := _next_request(requests)) is not None:
+        into.put(message)
+    into.put(None)  # the iterator closed the pipe (or ended): nothing more to read
 
 
 def _serve(requests: io.BufferedReader, replies: IO[bytes], slot_fds: list[int]) -> None:

@@ -118,13 +118,10 @@ async def answer(
             f"Steps {step}..{step + steps - 1} go beyond the last step this server answers ({MAX_STEP} = "
             f"2**53 - 1, the largest integer every JSON reader holds exactly). Ask for fewer steps.",
         )
-    if hosts == plan.num_data_shards:
-        index, count = host, hosts  # host_slice_for's answer for one host per data shard (0 <= host < hosts)
-    else:
-        try:
-            index, count = host_slice_for(host, hosts, plan.num_data_shards)
-        except PlanError as error:
-            raise HTTPException(400, f"Run {stored.name!r}: {error}") from None
+    try:
+        index, count = host_slice_for(host, hosts, plan.num_data_shards)
+    except PlanError as error:
+        raise HTTPException(400, f"Run {stored.name!r}: {error}") from None
     data_shard = index * (plan.num_data_shards // count)  # the first data shard of the host's slice
     caches = state.resolver.cached(stored) or await first_use(state, stored)
     cache = state.answers

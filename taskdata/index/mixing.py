@@ -139,27 +139,27 @@ class Mixing:
         slots, so each node splits its range with one vectorised Bresenham step, and only the first slot
         of the range needs big-integer math. Arrays are int64; task positions are Python ints (object
         arrays) past 2**63, and a node whose weights would overflow int64 does its step in Python ints.
+        A range the kept period holds is read from it instead (``_period``).
         """
-        _check_count(start, "A stream position")
-        _check_count(stop, "A stream position")
-        if stop < start:
-            raise PlanError(f"A position range must have start <= stop but got start={start}, stop={stop}.")
-        found = self._from_period(start, stop)
-        return found if found is not None else self._split_range(start, stop)
+        _check_range(start, stop)
+        window = self._period_window(start, stop)
+        if window is None:
+            return self._split_range(start, stop)
+        (tasks, positions, weights), laps, offset, end = window
+        # Task positions lap by lap: laps * w_task more than in the first period.
+        out = np.multiply(weights[offset:end], laps)
+        out += positions[offset:end]
+        return tasks[offset:end].copy(), out
 
     def tasks_in_range(self, start: int, stop: int) -> np.ndarray:
         """The tasks of ``locate_range(start, stop)`` alone (an int64 array): where the kept period holds the
         range, without the task positions' arithmetic, which the index math of a step does not use."""
-        _check_count(start, "A stream position")
-        _check_count(stop, "A stream position")
-        if stop < start:
-            raise PlanError(f"A position range must have start <= stop but got start={start}, stop={stop}.")
-        period = self._period
-        if period is not None and stop <= _INT64_MAX:
-            offset = start % sum(self.weights)  # position p + W holds position p's task (``_period``)
-            if offset + stop - start <= len(period[0]):
-                return period[0][offset : offset + stop - start].copy()
-        return self._split_range(start, stop)[0]
+        _check_range(start, stop)
+        window = self._period_window(start, stop)
+        if window is None:
+            return self._split_range(start, stop)[0]
+        (tasks, _, _), _, offset, end = window
+        return tasks[offset:end].copy()
 
     @functools.cached_property
     def _period(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -181,20 +181,19 @@ class Mixing:
             array.flags.writeable = False
         return tasks, positions, weights
 
-    def _from_period(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """``locate_range`` read from ``_period`` (three numpy calls), or None where it does not hold the range."""
+    def _period_window(
+        self, start: int, stop: int
+    ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int, int, int] | None:
+        """(``_period``, laps, offset, end): positions ``[start, stop)`` are entries ``[offset, end)`` of the kept
+        period, ``laps`` periods on; None where it does not hold the range."""
         period = self._period
         if period is None or stop > _INT64_MAX:
             return None
-        tasks, positions, weights = period
         laps, offset = divmod(start, sum(self.weights))
         end = offset + stop - start
-        if end > len(tasks):
+        if end > len(period[0]):
             return None
-        # Task positions lap by lap: laps * w_task more than in the first period.
-        out = np.multiply(weights[offset:end], laps)
-        out += positions[offset:end]
-        return tasks[offset:end].copy(), out
+        return period, laps, offset, end
 
     def _split_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``locate_range`` node by node (see there)."""
@@ -280,6 +279,13 @@ class Mixing:
 def _check_count(value: int, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise PlanError(f"{what} must be an integer >= 0 but got {value!r}.")
+
+
+def _check_range(start: int, stop: int) -> None:
+    _check_count(start, "A stream position")
+    _check_count(stop, "A stream position")
+    if stop < start:
+        raise PlanError(f"A position range must have start <= stop but got start={start}, stop={stop}.")
 
 
 def _build_tree(weights: tuple[int, ...]) -> tuple[list[tuple[int, int, int, int]], int]:

@@ -336,16 +336,9 @@ class StagedMixing:
 
     def locate_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``locate`` of every position in ``[start, stop)``: (tasks, task positions), as ``Mixing.locate_range``."""
-        _check_int(start, "A stream position", 0)
-        _check_int(stop, "A stream position", 0)
-        if stop < start:
-            raise PlanError(f"A position range must have start <= stop but got start={start}, stop={stop}.")
-        first, last = self.segment_of(start), self.segment_of(max(start, stop - 1))
         parts_tasks, parts_positions = [], []
-        for k in range(first, last + 1):
-            a = max(start, self.starts[k])
-            b = stop if k == last else self.starts[k + 1]
-            tasks, positions = self.mixings[k].locate_range(a - self.starts[k], b - self.starts[k])
+        for k, a, b in self._segments(start, stop):
+            tasks, positions = self.mixings[k].locate_range(a, b)
             task_array = self._task_arrays[k]
             if task_array is not None:
                 tasks = task_array[tasks]
@@ -362,19 +355,25 @@ class StagedMixing:
 
     def tasks_in_range(self, start: int, stop: int) -> np.ndarray:
         """The tasks of ``locate_range(start, stop)`` alone, as ``Mixing.tasks_in_range``."""
+        parts = []
+        for k, a, b in self._segments(start, stop):
+            tasks = self.mixings[k].tasks_in_range(a, b)
+            task_array = self._task_arrays[k]
+            parts.append(tasks if task_array is None else task_array[tasks])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _segments(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """(segment, first, stop) of each segment that positions ``[start, stop)`` fall in, as positions of
+        that segment's own mixing."""
         _check_int(start, "A stream position", 0)
         _check_int(stop, "A stream position", 0)
         if stop < start:
             raise PlanError(f"A position range must have start <= stop but got start={start}, stop={stop}.")
         first, last = self.segment_of(start), self.segment_of(max(start, stop - 1))
-        parts = []
-        for k in range(first, last + 1):
-            a = max(start, self.starts[k])
-            b = stop if k == last else self.starts[k + 1]
-            tasks = self.mixings[k].tasks_in_range(a - self.starts[k], b - self.starts[k])
-            task_array = self._task_arrays[k]
-            parts.append(tasks if task_array is None else task_array[tasks])
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return [
+            (k, max(start, self.starts[k]) - self.starts[k], (stop if k == last else self.starts[k + 1]) - self.starts[k])
+            for k in range(first, last + 1)
+        ]
 
     def total(self, task: int) -> int | None:
         """How many examples ``task`` reads in the whole run: None if it is read for ever (its last
