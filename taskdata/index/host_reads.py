@@ -103,8 +103,9 @@ class StepSlices:
     ``columns`` has one row per name of ``READ_COLUMNS`` and one column per read. The reads of slice
     ``p`` and task ``t`` are columns ``bounds[g]`` to ``bounds[g + 1]``, ``g = t * count + p``;
     ``order`` holds every example's task index; slice ``p``'s are ``order[p * per_slice:(p + 1) * per_slice]``.
-    The shards each group reads (its ``TaskReads.files``) are found on the first cut (``_files_read``): the
-    server's compact answers, written from the columns (``StepJson``), never need them.
+    The shards each group reads (its ``TaskReads.files``) are found on first use (``files_read``), by the
+    first cut or by ``StepJson`` writing base64 answers; compact answers, written from the columns, never
+    need them.
     """
 
     step: int
@@ -125,7 +126,7 @@ class StepSlices:
         if not 0 <= index < self.count:
             raise IndexError(f"Step {self.step} has {self.count} host slices; there is no slice {index}.")
         bounds, columns = self.bounds, self.columns
-        file_bounds, file_shards = self._files_read
+        file_bounds, file_shards = self.files_read
         tasks = []
         for t, files in enumerate(self.files):
             g = t * self.count + index
@@ -149,7 +150,7 @@ class StepSlices:
         )
 
     @functools.cached_property
-    def _files_read(self) -> tuple[list[int], np.ndarray]:
+    def files_read(self) -> tuple[list[int], np.ndarray]:
         """(file bounds, file shards): the shards group ``g`` reads, ascending, each once, are
         ``file_shards[file_bounds[g]:file_bounds[g + 1]]``."""
         bounds = np.array(self.bounds, np.int64)

@@ -154,8 +154,14 @@ class CacheFiles:
         ``shards`` must be named by this table, as a ``TaskReads``' files are (the server writes each
         answer's files with this, so they are not checked again here).
         """
+        return self.files_json_view(shards).tobytes()
+
+    def files_json_view(self, shards: np.ndarray) -> memoryview:
+        """``files_json(shards)`` as a memoryview: the server joins it into an answer as it is, without the
+        copy that cutting the last comma off a ``bytes`` takes (31 KB of files in a base64 answer of 65,536
+        shards)."""
         # JSON text here is ASCII (ensure_ascii) and holds no NUL byte: dropping NULs drops the padding.
-        return self.file_rows[self._rows(shards)].tobytes().replace(b"\0", b"")[:-1]
+        return memoryview(self.file_rows[self._rows(shards)].tobytes().replace(b"\0", b""))[:-1]
 
 
 def _name_pattern(files: CacheFiles) -> tuple[str, int, str]:

@@ -44,7 +44,9 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
         raise ValueError(f"encoding must be 'ints', 'base64' or 'compact' but got {encoding!r}.")
     positions = reads.positions
     # Pieces of bytes joined once: about half the time of formatting str and encoding it.
-    parts = [_head(reads.step, reads.skipped, reads.global_batch_size, positions.start, positions.stop)]
+    parts: list[bytes | memoryview] = [
+        _head(reads.step, reads.skipped, reads.global_batch_size, positions.start, positions.stop)
+    ]
     for i, task in enumerate(reads.tasks):
         cache, columns = task.cache, task.columns
         parts += [
@@ -64,7 +66,7 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
             continue
         parts += [
             b',"files":[',
-            cache.files_json(task.files),
+            cache.files_json_view(task.files),
             b'],"reads":{"shard":',
             write(columns[0]),
             b',"first_record":',
@@ -131,7 +133,9 @@ class StepJson:
     step needs is done once, on first use: the bound of each column of every (task, slice), in one
     ``np.maximum.reduceat``, and the step's columns cast once to each narrow type some slice needs; a
     slice is then one base64 call per column (``to_json`` casts each column of each slice and takes a
-    maximum per task). Other encodings write ``to_json`` of the slice.
+    maximum per task). With ``encoding=base64`` a slice is one base64 call per column on a memoryview of
+    the step's columns and its files' JSON (``CacheFiles.files_json_view``), with no ``StepReads`` cut and no
+    per-column checks (``base64_int64_bytes``). ``encoding=ints`` writes ``to_json`` of the slice.
     """
 
     slices: StepSlices
@@ -142,8 +146,10 @@ class StepJson:
 
     def __getitem__(self, index: int) -> bytes:
         slices = self.slices
-        if self.encoding != "compact" or not 0 <= index < slices.count:
+        if self.encoding == "ints" or not 0 <= index < slices.count:
             return to_json(slices[index], self.encoding)  # slices[index] names a slice that is not there
+        if self.encoding == "base64":
+            return self._base64_slice(index)
         types, rows, order, prefixes = self._compact()
         size, count, bounds = slices.per_slice, slices.count, slices.bounds
         first = slices.start + index * size
@@ -160,6 +166,44 @@ class StepJson:
         order_text = binascii.b2a_base64(order_rows[index * taken : (index + 1) * taken], newline=False)
         parts += [b'],"order":"', order_type, order_text, b'"}']
         return b"".join(parts)
+
+    def _base64_slice(self, index: int) -> bytes:
+        """``to_json(self.slices[index], "base64")``, from what ``_base64`` made for the whole step."""
+        slices = self.slices
+        rows, order, prefixes, (file_bounds, file_shards) = self._base64()
+        size, count, bounds = slices.per_slice, slices.count, slices.bounds
+        first = slices.start + index * size
+        b64 = binascii.b2a_base64
+        parts: list[bytes | memoryview] = [
+            _head(slices.step, slices.skipped, slices.global_batch_size, first, first + size)
+        ]
+        for t, (prefix, cache) in enumerate(zip(prefixes, slices.files, strict=True)):
+            g = t * count + index
+            a, b = bounds[g], bounds[g + 1]
+            parts += (prefix, cache.files_json_view(file_shards[file_bounds[g] : file_bounds[g + 1]]))
+            for key, row in zip(_BASE64_KEYS, rows, strict=True):
+                parts += (key, b64(row[a:b], newline=False))
+            parts.append(b'"}}')
+        taken = 0 if slices.skipped else size
+        parts += (b'],"order":"', b64(order[index * taken : (index + 1) * taken], newline=False), b'"}')
+        return b"".join(parts)
+
+    def _base64(self) -> tuple[list[memoryview], memoryview, list[bytes], tuple[list[int], np.ndarray]]:
+        """The step's read columns row by row and its order, as memoryviews of little-endian int64 (slicing
+        one costs less than slicing an array); per task, its text before its files; the shards each group
+        reads (``StepSlices.files_read``). Made on first use and kept, as ``_compact``'s."""
+        made = self.__dict__.get("_made_base64")
+        if made is not None:
+            return made
+        slices = self.slices
+        columns = np.ascontiguousarray(slices.columns, "<i8")  # no copy on a little-endian machine
+        order = np.ascontiguousarray(slices.order, "<i8")
+        prefixes = [
+            b'%s%s,"version":%s,"files":[' % (b',{"task":' if t else b'{"task":', cache.task_json, cache.version_json)
+            for t, cache in enumerate(slices.files)
+        ]
+        made = self.__dict__["_made_base64"] = ([row.data for row in columns], order.data, prefixes, slices.files_read)
+        return made
 
     def _compact(self) -> tuple[list[list[int]], dict[int, list[memoryview]], tuple[bytes, memoryview], list[bytes]]:
         """Per (task, slice) group, the type of each read column (an index into ``_TYPE_NAMES``); per type
@@ -201,6 +245,9 @@ _TYPE_NAMES = (*(name for _, name, _ in _UNSIGNED), b"i8:")
 _TYPE_DTYPES = (*(dtype for _, _, dtype in _UNSIGNED), None)
 # Per read column and type code: the text before the column's base64 (its key, then its type).
 _KEY_TYPES = tuple(tuple(key + name for name in _TYPE_NAMES) for key in _COMPACT_KEYS)
+# What comes before each read column's base64 text (a JSON string): the end of the files, or of the column
+# before, and its key.
+_BASE64_KEYS = (b"]" + _COMPACT_KEYS[0], *_COMPACT_KEYS[1:])
 # An array, searched with its method: np.searchsorted on a tuple converts it first (~6 us a call).
 _TYPE_LIMITS = np.array([limit for limit, _, _ in _UNSIGNED], np.int64)
 
