@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import threading
 import zlib
 
@@ -57,6 +58,22 @@ def test_the_next_block_is_decompressed_in_a_helper_thread_while_this_one_is_use
     assert first and all(name.startswith("gunzip") for name in threads)
     reads = len(threads)
     assert len(list(blocks)) > 1 and len(threads) > reads
+
+
+def test_reads_start_small_and_double_up_to_the_block_size():
+    sizes = []
+
+    class Recording(io.BytesIO):
+        def read(self, size=-1):
+            sizes.append(size)
+            return super().read(size)
+
+    data = gzip.compress(os.urandom(40_000), mtime=0)  # random bytes do not compress: ~40 KB to read
+    assert b"".join(gunzipped_blocks(Recording(data), 8192, first_block_bytes=1024)) == gzip.decompress(data)
+    assert sizes[:6] == [1024, 2048, 4096, 8192, 8192, 8192]
+    sizes.clear()
+    list(gunzipped_blocks(Recording(data), 512))  # a block size below the first read's starts at the block size
+    assert set(sizes) == {512}
 
 
 def test_text_lines_of_a_gzip_file_are_gzips_lines(tmp_path):

@@ -134,13 +134,38 @@ def test_tokenize_hands_batches_ahead_before_the_first_example_and_cancels_them_
     vocabulary = _CountingVocabulary()
     stream = Tokenize(batch_size=2, batches_ahead=3)(source, context(features={"targets": Feature(vocabulary)}))
     assert next(stream)["targets"].tolist() == [ord("0") + 3]
-    assert len(reads) == 8  # batches 1..4 read (3 ahead of the one being yielded), nothing after
+    assert len(reads) == 7  # batches 1..4 (of 1, 2, 2, 2) read, 3 ahead of the one being yielded; nothing after
     stream.close()
     assert vocabulary.batches <= 4  # the helper stopped with its consumer; nothing more was read
-    assert len(reads) == 8
+    assert len(reads) == 7
     outputs = run(Tokenize(batch_size=3, batches_ahead=5), context(features={"targets": Feature(BYTES)}),
                   [{"targets": str(i)} for i in range(17)])
     assert [e["targets"].tolist() for e in outputs] == [[ord(c) + 3 for c in str(i)] for i in range(17)]
+
+
+class _SizesVocabulary(ByteVocabulary):
+    """Bytes, recording how many texts each call encodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def encode_batch(self, texts):
+        self.sizes.append(len(texts))
+        return super().encode_batch(texts)
+
+
+def test_tokenize_starts_with_small_batches_so_the_helper_starts_early_and_the_output_is_the_same():
+    vocabulary = _SizesVocabulary()
+    texts = [f"text {i}" for i in range(700)]
+    out = run(Tokenize(batch_size=64), context(features={"targets": Feature(vocabulary)}),
+              [{"targets": t} for t in texts])
+    # An eighth of the batch size first, doubling up to it.
+    assert vocabulary.sizes == [8, 16, 32, *[64] * 10, 700 - 56 - 640]
+    assert [e["targets"].tolist() for e in out] == [[ord(c) + 3 for c in t] for t in texts]
+    tiny = _SizesVocabulary()
+    run(Tokenize(batch_size=3), context(features={"targets": Feature(tiny)}), [{"targets": "x"}] * 8)
+    assert tiny.sizes == [1, 2, 3, 2]
 
 
 @pytest.mark.parametrize("value", [0, -1, True, 1.5])
@@ -152,7 +177,8 @@ def test_tokenize_refuses_a_batches_ahead_that_is_not_a_positive_integer(value):
 def test_an_encoding_error_in_the_helper_thread_reaches_the_stream_reader():
     ctx = context(features={"targets": Feature(_CountingVocabulary())})
     stream = Tokenize(batch_size=2)(iter([{"targets": t} for t in ["a", "b", "c", "boom", "d"]]), ctx)
-    assert [e["targets"].tolist() for e in itertools.islice(stream, 2)] == [[100], [101]]
+    # Batches [a], [b, c], [boom, d]: the examples before the failing batch arrive, then its error.
+    assert [e["targets"].tolist() for e in itertools.islice(stream, 3)] == [[100], [101], [102]]
     with pytest.raises(ValueError, match="cannot encode 'boom'"):
         next(stream)
 
