@@ -565,7 +565,8 @@ def main() -> None:
     p99 = med[CONFIGS[-1][0]]["p99_us"] / 1e3
 
     def verdict(mode: str, target: float, encoding: str) -> str:
-        shown = ", ".join(f"{run} {ratio[run, mode, encoding]:.0%}" for run in ("r64", "r65536"))
+        # One decimal: 59.6% must not print as "60%" beside "NOT met".
+        shown = ", ".join(f"{run} {ratio[run, mode, encoding]:.1%}" for run in ("r64", "r65536"))
         met = min(ratio["r64", mode, encoding], ratio["r65536", mode, encoding]) >= target
         return (f"{mode} >= {target:.0%} of the trivial endpoint, encoding={encoding}: {shown} "
                 f"({'met' if met else 'NOT met'}; each against the trivial run just before it)")
