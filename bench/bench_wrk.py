@@ -376,12 +376,11 @@ CONFIGS = [
 ]
 
 
-# Measured on the --baseline server too, right after this tree's, in every round: what the targets judge.
-BASELINE_CONFIGS = [label for label, run, _h, _m, _s, connections, _e in CONFIGS
-                    if run in ("r64", "r65536") and connections > 1]
 # What issue 18's targets judge: batch 2048 over 8 data shards, steps=1, 16 connections.
 TARGET_CONFIGS = [label for label, run, _h, _m, _s, connections, _e in CONFIGS
                   if run in ("r64", "r65536") and connections > 1]
+# Measured on the --baseline server too, right after this tree's, in every round: what the targets judge.
+BASELINE_CONFIGS = TARGET_CONFIGS
 
 
 def latency_only(port: int, pid: int, script: str, args: argparse.Namespace) -> None:

@@ -49,7 +49,7 @@ import numpy as np
 
 from taskdata.index.errors import PlanError
 
-__all__ = ["Mixing"]
+__all__ = ["Mixing", "check_position_range"]
 
 # Exhaustive search over trees on this many subtrees visits 3**8 / 2 splits: a few milliseconds.
 _EXACT_TOP = 8
@@ -141,7 +141,7 @@ class Mixing:
         arrays) past 2**63, and a node whose weights would overflow int64 does its step in Python ints.
         A range the kept period holds is read from it instead (``_period``).
         """
-        _check_range(start, stop)
+        check_position_range(start, stop)
         window = self._period_window(start, stop)
         if window is None:
             return self._split_range(start, stop)
@@ -154,7 +154,7 @@ class Mixing:
     def tasks_in_range(self, start: int, stop: int) -> np.ndarray:
         """The tasks of ``locate_range(start, stop)`` alone (an int64 array): where the kept period holds the
         range, without the task positions' arithmetic, which the index math of a step does not use."""
-        _check_range(start, stop)
+        check_position_range(start, stop)
         window = self._period_window(start, stop)
         if window is None:
             return self._split_range(start, stop)[0]
@@ -281,7 +281,8 @@ def _check_count(value: int, what: str) -> None:
         raise PlanError(f"{what} must be an integer >= 0 but got {value!r}.")
 
 
-def _check_range(start: int, stop: int) -> None:
+def check_position_range(start: int, stop: int) -> None:
+    """A range ``[start, stop)`` of stream positions: integers >= 0, start <= stop (Mixing and StagedMixing)."""
     _check_count(start, "A stream position")
     _check_count(stop, "A stream position")
     if stop < start:

@@ -49,12 +49,7 @@ def to_json(reads: StepReads, encoding: ColumnEncoding = "ints") -> bytes:
     ]
     for i, task in enumerate(reads.tasks):
         cache, columns = task.cache, task.columns
-        parts += [
-            b',{"task":' if i else b'{"task":',
-            cache.task_json,
-            b',"version":',
-            cache.version_json,
-        ]
+        parts.append(_task_head(i, cache))
         if compact:
             # The reads hold no negative value (TaskReads checks): one max per column is its bound.
             tops = columns.max(axis=1).tolist() if columns.shape[1] else [0] * len(columns)
@@ -198,10 +193,7 @@ class StepJson:
         slices = self.slices
         columns = np.ascontiguousarray(slices.columns, "<i8")  # no copy on a little-endian machine
         order = np.ascontiguousarray(slices.order, "<i8")
-        prefixes = [
-            b'%s%s,"version":%s,"files":[' % (b',{"task":' if t else b'{"task":', cache.task_json, cache.version_json)
-            for t, cache in enumerate(slices.files)
-        ]
+        prefixes = [_task_head(t, cache) + b',"files":[' for t, cache in enumerate(slices.files)]
         made = self.__dict__["_made_base64"] = ([row.data for row in columns], order.data, prefixes, slices.files_read)
         return made
 
@@ -230,11 +222,7 @@ class StepJson:
         }
         order_type, order_dtype = _compact_type(len(slices.files) - 1)
         order = slices.order if order_dtype is None else slices.order.astype(order_dtype)
-        prefixes = [
-            b'%s%s,"version":%s,"names":%s'
-            % (b',{"task":' if t else b'{"task":', cache.task_json, cache.version_json, cache.names_json)
-            for t, cache in enumerate(slices.files)
-        ]
+        prefixes = [_task_head(t, cache) + b',"names":' + cache.names_json for t, cache in enumerate(slices.files)]
         made = self.__dict__["_made"] = (types.tolist(), rows, (order_type, order.data), prefixes)
         return made
 
@@ -250,6 +238,11 @@ _KEY_TYPES = tuple(tuple(key + name for name in _TYPE_NAMES) for key in _COMPACT
 _BASE64_KEYS = (b"]" + _COMPACT_KEYS[0], *_COMPACT_KEYS[1:])
 # An array, searched with its method: np.searchsorted on a tuple converts it first (~6 us a call).
 _TYPE_LIMITS = np.array([limit for limit, _, _ in _UNSIGNED], np.int64)
+
+
+def _task_head(index: int, cache: CacheFiles) -> bytes:
+    """The start of the answer's ``index``-th task object, up to its version (a comma before all but the first)."""
+    return b'%s%s,"version":%s' % (b',{"task":' if index else b'{"task":', cache.task_json, cache.version_json)
 
 
 def _int_column(values: np.ndarray) -> bytes:

@@ -37,7 +37,7 @@ from typing import Any, cast
 import numpy as np
 
 from taskdata.index.errors import PlanError
-from taskdata.index.mixing import Mixing
+from taskdata.index.mixing import Mixing, check_position_range
 from taskdata.index.schedule import BatchSchedule
 from taskdata.rates import parse_rate
 
@@ -365,10 +365,7 @@ class StagedMixing:
     def _segments(self, start: int, stop: int) -> list[tuple[int, int, int]]:
         """(segment, first, stop) of each segment that positions ``[start, stop)`` fall in, as positions of
         that segment's own mixing."""
-        _check_int(start, "A stream position", 0)
-        _check_int(stop, "A stream position", 0)
-        if stop < start:
-            raise PlanError(f"A position range must have start <= stop but got start={start}, stop={stop}.")
+        check_position_range(start, stop)
         first, last = self.segment_of(start), self.segment_of(max(start, stop - 1))
         return [
             (k, max(start, self.starts[k]) - self.starts[k], (stop if k == last else self.starts[k + 1]) - self.starts[k])
