@@ -90,6 +90,16 @@ one row 98k-131k) neither the 1-core parity nor the 1.6x is settled by one run. 
 windows' (computing it in the iterator's fetch thread and sending a binary ``StepReads`` might save
 ~100 us a step, not tried), and a worker's decode ~15% more than in-process (two cores sharing caches
 and memory bandwidth).
+
+Next round (varint, 2026-11-26 evening), for the 1-core parity. A line profile of ``_varint_rows`` (the
+varints of a batch, 240 KB, ~130k values): ~655 us, of which finding the varints' last bytes 136, two
+gathers (each varint's first and last byte) 109 + 106, and ~150 the arithmetic around them; a gather
+costs ~0.7 ns an element in numpy (``mode`` and index type change nothing), a whole-buffer step on bytes
+~0.05-0.2 ns. Now each varint of one or two bytes is worked out at every byte from it and the byte
+before it (whole-buffer steps), and taken with one gather at its last byte: ~510 us. Quick alternated
+runs on 1 core: 161,298 examples/s against main's 142,163 and tf.data's 146,460 (1.10x); the recorded
+run: 1.05x, with 2 / 1 core 1.63x (BENCHMARKS.md). Left: finding the last bytes (``flatnonzero``, ~130
+us) and the index math of each step (~190 us alone) are now the largest single pieces.
 """
 
 from __future__ import annotations
