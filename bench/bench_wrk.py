@@ -134,6 +134,41 @@ copy of the body, 0.8-1.3 us in one process). What is left between base64 and 60
 themselves: base64's 30-48 KB against compact's 4 KB (binascii, the files' rows, copies and the socket),
 on top of the shared ~160-190 us of compact's path, so base64 together sits at ~45-57% whatever the
 writer; ``encoding=compact`` (what the trainer client asks for) is the answer the targets are met with.
+
+2026-11-26, later (issue 18 item 1, base64 server CPU; branch b64cpu, no serving code changed): what is
+left, measured. In one process (CPU time, load 0.6-1.3), an r64 base64 request of hosts together is
+~90-130 us (compact ~70-95): the step's index math 180-220 us per step (23-28 per request), ``files_read``
+28 us per step (3.5), the slice's JSON 27-28 us, of which binascii 17-20 (12 KB of int64 per slice;
+``b2a_base64`` runs at 0.77 GB/s, 15.5 us for 12 KB alone) and the files 4.6, ``shards_body`` 4, and the
+rest of the request (door, answer, LRUs, metrics) ~15 (a cached answer costs 15-17 us, either run and
+encoding). r65536: the step 250-320 us (31-40 per request), ``files_read`` 60 (7.5), the slice's JSON
+38-43, of which binascii 17-21 and the files 15-20 (the gather 16-24 us from 8.5 MB tables that do not
+stay in cache, then ``tobytes`` 5 and the NUL strip 6-7), ``shards_body`` 6. Under wrk (main): one
+``writev`` per answer and no partial write (strace), 0.4-0.6 minor page faults per request, and the
+garbage collector 6.7 us per request (r65536 together: 209 young collections per 18,000 requests at
+0.37 ms each, 19 middle at 2 ms; a young threshold of 20,000 made them over 20x fewer but not cheaper, 7.5
+us per request: the survivors cost, mostly the HTTP layer's, which the trivial endpoint has too).
+Tried and dropped: unpadded file rows (``CacheFiles`` rows cut into runs of one length, one per digit
+count of the shard number: 2 runs for 64 shards, 5 for 65,536; each step's pieces gathered once per task
+and run and joined as memoryviews, with no ``tobytes`` and no NUL strip). A slice's JSON went from 46 to
+28 us (r64) and from 70-80 to 55-64 (r65536), but making the pieces of a step cost 36-56 us per task (a
+dozen numpy calls of 2-5 us each), so a step and its 8 slices cost 86-95 us per slice against main's
+68-94 (r64) and 118-139 against 102-109 (r65536), alternating trees. Not done: the index math of 4
+consecutive steps at once (one ``task_runs`` over 4 x 2,048 positions in 32 slices) costs 101-127 us per
+step against 180-207 (r64), 154-288 against 256-320 (r65536), before cutting it into steps: ~10 us per
+together request, but only by computing steps no host has asked for yet (a steps=1 request names one),
+which this server does not do; a lookahead window (steps=16) could use it without guessing. Also measured
+and left: every task's record offsets joined into one table, so a step's byte ranges take one gather
+instead of one per task (17 numpy calls fewer): whole step 155-168 us against 156-174, one slice alone
+100-102 against 103-108 (r64), within the minutes' noise; the door's pieces in one process: the query
+3-4 us, the metrics 1.4-2, ``app.state`` 0.4 a lookup (3 per request), ``shards_body`` 1.6 (30 KB), the run,
+slice, caches, tables and LRU lookups 0.1-0.7 each: ~1 us each to win, as the earlier trims found. On a
+quiet machine (load 0.5-0.7, 3 rounds of 4 s, main), the trivial endpoint took 109-124 us per request and
+r64 base64 together 191-198 us (56-63% of its requests/s in each round), r65536 219-272 (40-57%),
+compact 154-159 and 167-184 (69-81% and 64-68%): r64 base64 is at the target's edge when the machine is quiet. So base64
+together is compact's path (188-200 us under wrk) plus ~15 us of binascii, 5-30 us of file text, and
+copying and sending 30-48 KB: 60% of the trivial endpoint (~187 us at 112) needs compact's shared path
+~30 us (r64) to ~85 us (r65536) cheaper than it is, which no per-request trim found here comes near.
 """
 
 from __future__ import annotations
