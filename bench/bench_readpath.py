@@ -97,8 +97,8 @@ gathers (each varint's first and last byte) 109 + 106, and ~150 the arithmetic a
 costs ~0.7 ns an element in numpy (``mode`` and index type change nothing), a whole-buffer step on bytes
 ~0.05-0.2 ns. Now each varint of one or two bytes is worked out at every byte from it and the byte
 before it (whole-buffer steps), and taken with one gather at its last byte: ~510 us. Quick alternated
-runs on 1 core: 161,298 examples/s against main's 142,163 and tf.data's 146,460 (1.10x); the recorded
-run: 1.05x, with 2 / 1 core 1.63x (BENCHMARKS.md). Left: finding the last bytes (``flatnonzero``, ~130
+runs on 1 core: 161,298 examples/s against main's 142,163 and tf.data's 146,460 (1.10x); two recorded
+runs: 1.05x with 2 / 1 core 1.63x (3 rounds), then 1.12x with 1.68x (5 rounds, nothing else running). Left: finding the last bytes (``flatnonzero``, ~130
 us) and the index math of each step (~190 us alone) are now the largest single pieces.
 """
 
