@@ -183,7 +183,7 @@ def _varint_rows(
     bytes (below 16,384) are worked out at every byte from it and the byte before it (a continuation
     byte there is the varint's first byte, any other byte ends the varint before), in whole-buffer
     steps, then taken at each varint's last byte: one gather. (Two gathers at each varint's first and
-    last bytes cost ~40% more than this: a gather costs ~0.7 ns an element, a whole-buffer step ~0.1.)
+    last bytes made the whole function ~30% dearer: a gather costs ~0.7 ns an element, a whole-buffer step ~0.1.)
     When there are longer ones (a larger vocabulary's ids), those are put together from 32-bit words at
     their first bytes. Temporaries live in the thread's workspace: fresh arrays of this size cost more
     in page faults than the arithmetic done in them.
