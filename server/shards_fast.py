@@ -11,6 +11,11 @@ answer, as for the route. Every other request goes through the whole app, where 
 token and the route validates the query with ``ShardsQuery`` and says what is wrong. Either way: the same
 bytes, the same status, the same metrics.
 
+One step earlier, ``answer_now`` lets the server's protocol (``server.protocol``) answer such a request
+before uvicorn makes an ASGI task for it, when its body can be had without waiting (the run's caches
+already found and verified, at most one step of index math) and nothing goes wrong; otherwise it returns
+None and the request comes here as before.
+
 What this mirrors is the app's middleware (``MetricsMiddleware``, ``RequestGuard``) and Starlette's
 choice of exception handler; ``tests/test_server_fast.py`` pins both, so a middleware added to the app
 cannot be skipped here unnoticed.
