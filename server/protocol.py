@@ -104,7 +104,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
         self._cancel_header_deadline()
-        if self.door is not None and self._answer_at_door():
+        if type(self).door is not None and self._answer_at_door():
             return
         super().on_headers_complete()
         cycle = self.cycle
@@ -133,7 +133,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         url = httptools.parse_url(self.url)
         if url.path != self.door_path:
             return False  # (a percent-encoded path is not the door's either)
-        body = self.door(self.headers, url.query or b"")  # type: ignore[misc]  # a ClassVar callable, not a method
+        door = type(self).door  # a function kept on the class (staticmethod), not a method of the protocol
+        body = None if door is None else door(self.headers, url.query or b"")
         if body is None:
             return False
         keep_alive = parser.should_keep_alive()

@@ -139,14 +139,10 @@ class AssignmentService(FastAPI):
         None where the app must answer it: not plainly valid, a first use or several steps of index math
         to wait for, or an error (the app's handlers word it). A 200 is counted in the metrics as the
         app's answer would be. ``server.protocol`` calls it before it makes an ASGI task for the request."""
-        if self.root_path:
-            return None
-        fields = self.plain_shards_fields(headers, query_string)
-        if fields is None:
-            return None
         started = time.perf_counter()
         try:
-            body = answer_now(self.state.server, **fields)
+            fields = None if self.root_path else self.plain_shards_fields(headers, query_string)
+            body = None if fields is None else answer_now(self.state.server, **fields)
         except Exception:
             return None  # the app answers again and its exception handlers say what is wrong
         if body is not None:

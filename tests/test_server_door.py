@@ -230,3 +230,17 @@ def test_uvicorn_options_the_door_does_not_mirror_send_requests_to_the_cycle(env
         assert pair.answered_at_door == before and answer[0][:12] in (b"HTTP/1.1 200", b"HTTP/1.1 404")
 
     asyncio.run(main())
+
+
+def test_an_error_at_the_door_leaves_the_request_to_the_app(env, monkeypatch):
+    def broken(state, **fields):
+        raise RuntimeError("a bug in answer_now")
+
+    async def main():
+        pair = Pair(env)
+        await pair.both(request("/shards?host=0&step=0"))
+        monkeypatch.setattr("server.shards_fast.answer_now", broken)
+        answers = await pair.both(request("/shards?host=1&step=4"))  # the app's answer, as without the door
+        assert answers[0].startswith(b"HTTP/1.1 200 ") and pair.answered_at_door == 0
+
+    asyncio.run(main())

@@ -146,8 +146,8 @@ class _HostSlice(NamedTuple):
     stored: StoredRun
     host: int
     hosts: int
-    index: int  # the host's slice of the global batch: index of count
-    count: int
+    slice_index: int  # the host's slice of the global batch: slice_index of slice_count
+    slice_count: int
     data_shard: int  # the first data shard of the host's slice
 
 
@@ -201,7 +201,9 @@ class _StepsToDo:
         # A stored run may gain stages: the plan's fingerprint keeps answers of the plan before from being
         # served after.
         fingerprint = stored.plan.fingerprint()
-        self.keys = [(stored.name, fingerprint, where.count, where.index, s, encoding) for s in range(step, step + steps)]
+        self.keys = [
+            (stored.name, fingerprint, where.slice_count, where.slice_index, s, encoding) for s in range(step, step + steps)
+        ]
         self.parts: list[bytes | None] = [cache.get(key) for key in self.keys]
         self.missing = [i for i, part in enumerate(self.parts) if part is None]
 
@@ -209,7 +211,9 @@ class _StepsToDo:
         """The index math of the missing steps, each kept in the answer cache."""
         where, cache = self.where, self.cache
         for i in self.missing:
-            part = step_json(cache, where.stored.name, self.tables, self.step + i, where.index, where.count, self.encoding)
+            part = step_json(
+                cache, where.stored.name, self.tables, self.step + i, where.slice_index, where.slice_count, self.encoding
+            )
             self.parts[i] = part
             cache.put(self.keys[i], part)
         self.missing = []
