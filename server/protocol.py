@@ -19,7 +19,20 @@ sends its headers a byte at a time, holds its connection as long as it likes (``
 - a response sent before its request's body has arrived whole (a refused upload) closes the
   connection: the rest of that body is never read to find the next request in it.
 
-``taskdata serve`` uses ``limited_protocol(settings)`` as uvicorn's ``http`` protocol.
+It also answers ``GET /shards`` requests the app can answer at once without an ASGI task (the door,
+below). ``taskdata serve`` uses ``limited_protocol(settings, app)`` as uvicorn's ``http`` protocol.
+
+The door: every request of a training run is a ``/shards`` request, and uvicorn's per-request work
+around an app (a ``RequestResponseCycle``, an ``asyncio.Event``, a task scheduled on the loop, the ASGI
+messages and their header checks) costs about as much as a cached answer. For a ``GET /shards`` with
+no body, on a connection with no answer under way, the protocol asks the app's ``answer_now``
+(``server.shards_fast``) for the body; if it has one (a plainly valid query, the run's caches found,
+at most one step of index math), the answer is written here, with the head uvicorn would write for
+the app's ``http.response.start`` (the server's default headers, ``content-length``, ``content-type``,
+``connection: close`` when the request did not keep the connection alive). Anything else (None, any
+other request, an access log to write, a root path, a concurrency limit, a paused transport) goes to
+uvicorn's cycle as before, and the app answers it: the same bytes either way
+(``tests/test_server_door.py`` compares them).
 """
 
 from __future__ import annotations
@@ -27,8 +40,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from server.settings import Settings
@@ -44,6 +59,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     max_header_bytes: ClassVar[int] = 64 << 10
     header_timeout: ClassVar[float] = 10.0
+    # The door: (lower-cased headers, query string) -> a 200 answer's JSON body, or None (module docstring).
+    door: ClassVar[Callable[[list[tuple[bytes, bytes]], bytes], bytes | None] | None] = None
+    door_path: ClassVar[bytes] = b"/shards"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -51,6 +69,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._tail = b""  # the last bytes of the previous read: a blank line may straddle two reads
         self._header_deadline: asyncio.TimerHandle | None = None
+        self._answered_at_door = False  # the request being parsed was answered by the door
 
     # asyncio.Protocol takes a BaseTransport; uvicorn narrows it to Transport too (with the same ignore).
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -78,17 +97,58 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 return
         super().data_received(data)
 
+    def on_message_begin(self) -> None:
+        self._answered_at_door = False
+        super().on_message_begin()
+
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
         self._cancel_header_deadline()
+        if type(self).door is not None and self._answer_at_door():
+            return
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope["method"] != "HEAD":  # a HEAD answer is its head alone
             cycle.transport = _HeadWithBody(cycle, self.transport)  # type: ignore[assignment]
 
+    def on_body(self, body: bytes) -> None:
+        if not self._answered_at_door:  # (the door takes no request with a body)
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
         self._awaiting_headers, self._header_bytes, self._tail = True, 0, b""  # next: another request
-        super().on_message_complete()
+        if not self._answered_at_door:
+            super().on_message_complete()
+
+    def _answer_at_door(self) -> bool:
+        """Answers the request whose headers just ended if the door can (module docstring); whether it did."""
+        cycle = self.cycle
+        if (cycle is not None and not cycle.response_complete) or self.pipeline or self.flow.write_paused:
+            return False  # an answer is under way: uvicorn queues this request behind it, in order
+        if self.access_log or self.root_path or self.limit_concurrency is not None:
+            return False  # the cycle logs, routes under a root path or counts tasks
+        parser = self.parser
+        if parser.get_method() != b"GET" or parser.get_http_version() != "1.1" or parser.should_upgrade():
+            return False
+        url = httptools.parse_url(self.url)
+        if url.path != self.door_path:
+            return False  # (a percent-encoded path is not the door's either)
+        door = type(self).door  # a function kept on the class (staticmethod), not a method of the protocol
+        body = None if door is None else door(self.headers, url.query or b"")
+        if body is None:
+            return False
+        keep_alive = parser.should_keep_alive()
+        head = [STATUS_LINE[200]]
+        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+        head.append(b"content-length: %d\r\ncontent-type: application/json\r\n" % len(body))
+        head.append(b"\r\n" if keep_alive else b"connection: close\r\n\r\n")
+        self.transport.writelines((b"".join(head), body))  # one send, as _HeadWithBody makes the cycle's
+        self._answered_at_door = True
+        if not keep_alive:
+            self.transport.close()
+        # uvicorn's bookkeeping after an answer: the request count, reading resumed, the keep-alive timer.
+        HttpToolsProtocol.on_response_complete(self)
+        return True
 
     def on_response_complete(self) -> None:
         # With no request queued behind it, the cycle that answered is the newest; more_body means its
@@ -172,10 +232,16 @@ class _HeadWithBody:
         return self._transport.is_closing()
 
 
-def limited_protocol(settings: Settings) -> type[LimitedHttpToolsProtocol]:
-    """The protocol class with ``settings``' limits, for ``uvicorn.run(http=...)``."""
+def limited_protocol(settings: Settings, app: Any = None) -> type[LimitedHttpToolsProtocol]:
+    """The protocol class with ``settings``' limits, for ``uvicorn.run(http=...)``; with the door if ``app``
+    has one (``AssignmentService.answer_now``: the app uvicorn runs, so that both answer alike)."""
+    door = getattr(app, "answer_now", None)
     return type(
         "LimitedHttpToolsProtocol",
         (LimitedHttpToolsProtocol,),
-        {"max_header_bytes": settings.max_header_bytes, "header_timeout": settings.header_timeout_seconds},
+        {
+            "max_header_bytes": settings.max_header_bytes,
+            "header_timeout": settings.header_timeout_seconds,
+            "door": staticmethod(door) if door is not None else None,
+        },
     )

@@ -11,6 +11,11 @@ answer, as for the route. Every other request goes through the whole app, where 
 token and the route validates the query with ``ShardsQuery`` and says what is wrong. Either way: the same
 bytes, the same status, the same metrics.
 
+One step earlier, ``answer_now`` lets the server's protocol (``server.protocol``) answer such a request
+before uvicorn makes an ASGI task for it, when its body can be had without waiting (the run's caches
+already found and verified, at most one step of index math) and nothing goes wrong; otherwise it returns
+None and the request comes here as before.
+
 What this mirrors is the app's middleware (``MetricsMiddleware``, ``RequestGuard``) and Starlette's
 choice of exception handler; ``tests/test_server_fast.py`` pins both, so a middleware added to the app
 cannot be skipped here unnoticed.
@@ -31,7 +36,7 @@ from starlette.types import Receive, Scope, Send
 
 from server.auth import token_problem
 from server.models import MAX_HOSTS, MAX_LOOKAHEAD, MAX_STEP, NAME_PATTERN
-from server.routers.shards import PATH, answer
+from server.routers.shards import PATH, answer, answer_now
 
 __all__ = ["AssignmentService", "parse_query"]
 
@@ -108,11 +113,18 @@ class AssignmentService(FastAPI):
     def _plain_shards_request(self, scope: Scope) -> dict[str, Any] | None:
         """The query fields of a GET /shards that the whole app would route to ``get_shards`` and that its
         middleware would let through untouched (no body, the token if one is set), else None."""
+        if self.root_path or scope.get("root_path"):
+            return None  # the whole app routes under a root path
+        return self.plain_shards_fields(scope["headers"], scope["query_string"])
+
+    def plain_shards_fields(self, headers: list[tuple[bytes, bytes]], query_string: bytes) -> dict[str, Any] | None:
+        """The query fields of a ``GET /shards`` request with these (lower-cased) headers and query string if
+        the app's middleware would let it through untouched and its query is plainly valid, else None."""
         state = self.state.server
-        if state is None or self.root_path or scope.get("root_path"):
-            return None  # the whole app builds the state (or says why it cannot), or routes under a root path
+        if state is None:
+            return None  # the whole app builds the state (or says why it cannot)
         authorization = None
-        for name, value in scope["headers"]:
+        for name, value in headers:
             if name == b"authorization":
                 authorization = authorization or value
             elif name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
@@ -120,7 +132,22 @@ class AssignmentService(FastAPI):
         token = state.settings.token
         if token is not None and token_problem(authorization, token.get_secret_value()) is not None:
             return None  # the guard answers 401
-        return parse_query(scope["query_string"])
+        return parse_query(query_string)
+
+    def answer_now(self, headers: list[tuple[bytes, bytes]], query_string: bytes) -> bytes | None:
+        """The body of a 200 answer to ``GET /shards`` with these headers and query string, computed now, or
+        None where the app must answer it: not plainly valid, a first use or several steps of index math
+        to wait for, or an error (the app's handlers word it). A 200 is counted in the metrics as the
+        app's answer would be. ``server.protocol`` calls it before it makes an ASGI task for the request."""
+        started = time.perf_counter()
+        try:
+            fields = None if self.root_path else self.plain_shards_fields(headers, query_string)
+            body = None if fields is None else answer_now(self.state.server, **fields)
+        except Exception:
+            return None  # the app answers again and its exception handlers say what is wrong
+        if body is not None:
+            self.state.metrics.observe(PATH, "GET", 200, time.perf_counter() - started)
+        return body
 
     async def _answer_shards(self, fields: dict[str, Any], scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()

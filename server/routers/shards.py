@@ -10,20 +10,21 @@ to ``(h + 1) * D / H - 1`` as one slice, computed as such (not glued from data s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from server.assignments import AnswerCache, shards_body, step_json
+from server.assignments import shards_body, step_json
 from server.models import MAX_STEP, ErrorResponse, ShardsQuery, ShardsResponse
 from server.state import ServerState, first_use, get_state
-from taskdata.index import PlanError, ReadsError, RunTables, host_slice_for
+from taskdata.index import PlanError, ReadsError, host_slice_for
 from taskdata.index.columns import ColumnEncoding
+from taskdata.runs import ResolvedCache, StoredRun
 
-__all__ = ["PATH", "answer", "router"]
+__all__ = ["PATH", "answer", "answer_now", "router"]
 
 router = APIRouter(tags=["shards"])
 PATH = "/shards"
@@ -103,6 +104,56 @@ async def answer(
 ) -> bytes:
     """The body of ``GET /shards`` for parameters that ``ShardsQuery`` validated; HTTPException (400, 404,
     503) or the errors of the run's caches (``server.main``'s exception handlers answer them) otherwise."""
+    where = _host_slice(state, host, step, steps, run, num_hosts)
+    caches = state.resolver.cached(where.stored) or await first_use(state, where.stored)
+    steps_to_do = _StepsToDo(state, where, caches, step, steps, encoding)
+    if len(steps_to_do.missing) > 1:
+        # Several steps of index math: a worker thread keeps the event loop answering other requests.
+        await anyio.to_thread.run_sync(steps_to_do.compute)
+    else:
+        steps_to_do.compute()
+    return steps_to_do.body()
+
+
+def answer_now(
+    state: ServerState,
+    *,
+    host: int,
+    step: int,
+    steps: int,
+    run: str | None,
+    num_hosts: int | None,
+    encoding: ColumnEncoding,
+) -> bytes | None:
+    """``answer``'s body when it can be had without waiting (the run's caches already found and verified,
+    at most one step's index math to do), else None; it raises what ``answer`` raises.
+
+    The same function of the same state as ``answer`` (its code, less the two awaits): the server's
+    protocol answers plainly valid requests with it before any ASGI task exists (``server.protocol``).
+    """
+    where = _host_slice(state, host, step, steps, run, num_hosts)
+    caches = state.resolver.cached(where.stored)
+    if not caches:
+        return None  # first use: the run's caches are found and verified in a thread (state.first_use)
+    steps_to_do = _StepsToDo(state, where, caches, step, steps, encoding)
+    if len(steps_to_do.missing) > 1:
+        return None  # answer runs several steps' index math in a worker thread
+    steps_to_do.compute()
+    return steps_to_do.body()
+
+
+class _HostSlice(NamedTuple):
+    stored: StoredRun
+    host: int
+    hosts: int
+    slice_index: int  # the host's slice of the global batch: slice_index of slice_count
+    slice_count: int
+    data_shard: int  # the first data shard of the host's slice
+
+
+def _host_slice(
+    state: ServerState, host: int, step: int, steps: int, run: str | None, num_hosts: int | None
+) -> _HostSlice:
     stored, _ = state.find_run(run)
     plan = stored.plan
     hosts = plan.num_data_shards if num_hosts is None else num_hosts
@@ -122,40 +173,55 @@ async def answer(
         index, count = host_slice_for(host, hosts, plan.num_data_shards)
     except PlanError as error:
         raise HTTPException(400, f"Run {stored.name!r}: {error}") from None
-    data_shard = index * (plan.num_data_shards // count)  # the first data shard of the host's slice
-    caches = state.resolver.cached(stored) or await first_use(state, stored)
-    cache = state.answers
-    tables = cache.tables(stored, caches)
-    if encoding == "compact":
-        for files in tables.files:  # each cache's pattern is found once and kept (CacheFiles.names_json)
-            try:
-                files.names_json  # noqa: B018
-            except ReadsError as error:
-                raise HTTPException(400, f"Run {stored.name!r}: {error}") from None
-    # A stored run may gain stages: the plan's fingerprint keeps answers of the plan before from being served after.
-    keys = [(stored.name, plan.fingerprint(), count, index, s, encoding) for s in range(step, step + steps)]
-    parts: list[bytes | None] = [cache.get(key) for key in keys]
-    missing = [i for i, part in enumerate(parts) if part is None]
-    work = (cache, stored.name, tables, [step + i for i in missing], index, count, encoding)
-    if len(missing) > 1:
-        # Several steps of index math: a worker thread keeps the event loop answering other requests.
-        computed = await anyio.to_thread.run_sync(_compute, *work)
-    else:
-        computed = _compute(*work)
-    for i, part in zip(missing, computed, strict=True):
-        parts[i] = part
-        cache.put(keys[i], part)
-    # Every missing part was filled in above, so parts holds no None now.
-    return shards_body(stored, host, hosts, data_shard, step + steps - 1, parts)  # type: ignore[arg-type]
+    return _HostSlice(stored, host, hosts, index, count, index * (plan.num_data_shards // count))
 
 
-def _compute(
-    memory: AnswerCache,
-    run: str,
-    tables: RunTables,
-    steps: list[int],
-    index: int,
-    count: int,
-    encoding: ColumnEncoding,
-) -> list[bytes]:
-    return [step_json(memory, run, tables, s, index, count, encoding) for s in steps]
+class _StepsToDo:
+    """The steps of one answer: those in the answer cache, and those whose index math is still to do."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        where: _HostSlice,
+        caches: tuple[ResolvedCache, ...],
+        step: int,
+        steps: int,
+        encoding: ColumnEncoding,
+    ):
+        stored = where.stored
+        self.where, self.step, self.encoding = where, step, encoding
+        self.cache = cache = state.answers
+        self.tables = cache.tables(stored, caches)
+        if encoding == "compact":
+            for files in self.tables.files:  # each cache's pattern is found once and kept (CacheFiles.names_json)
+                try:
+                    files.names_json  # noqa: B018
+                except ReadsError as error:
+                    raise HTTPException(400, f"Run {stored.name!r}: {error}") from None
+        # A stored run may gain stages: the plan's fingerprint keeps answers of the plan before from being
+        # served after.
+        fingerprint = stored.plan.fingerprint()
+        self.keys = [
+            (stored.name, fingerprint, where.slice_count, where.slice_index, s, encoding) for s in range(step, step + steps)
+        ]
+        self.parts: list[bytes | None] = [cache.get(key) for key in self.keys]
+        self.missing = [i for i, part in enumerate(self.parts) if part is None]
+
+    def compute(self) -> None:
+        """The index math of the missing steps, each kept in the answer cache."""
+        where, cache = self.where, self.cache
+        for i in self.missing:
+            part = step_json(
+                cache, where.stored.name, self.tables, self.step + i, where.slice_index, where.slice_count, self.encoding
+            )
+            self.parts[i] = part
+            cache.put(self.keys[i], part)
+        self.missing = []
+
+    def body(self) -> bytes:
+        where = self.where
+        assert not self.missing, "compute() first"
+        last = self.step + len(self.parts) - 1
+        return shards_body(where.stored, where.host, where.hosts, where.data_shard, last, self.parts)  # type: ignore[arg-type]
+
+
