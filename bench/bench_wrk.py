@@ -183,7 +183,9 @@ request of hosts together 98.5 us (compact) and 128.5 (base64). Under wrk with `
 r64 together 144 against 158 us, distinct 318 against 355, r65536 together 155 against 192, distinct 323
 against 331; base64 r64 together 180 against 216, r65536 239 against 272; paired ratios compact together
 75.1% / 72.1% (baseline 63% / 58%), distinct 31.8% / 30.8% (29% / 30%), base64 together 57.7% / 46.7% (50% /
-41%); p99 at one connection 2.35 ms in the same run. What is left per request (py-spy, r65536 base64
+41%); p99 at one connection 2.35 ms in the same run. A second such run after the merge (load 0.9-2.0,
+trivial 111 us): compact together 157 / 189 us against 173 / 221, ratios 66.7% / 73.1% (baseline 66% / 58%),
+distinct 33.4% / 31.5% (31% / 30%), base64 together 57.3% / 47.9%. What is left per request (py-spy, r65536 base64
 together, 312 us/request under py-spy): writing 49 KB to the socket 12%, the step's JSON 31%, the step's
 index math 27%, the door's own Python (query, token, run, answer cache, body, metrics) ~15%, httptools and
 uvloop the rest. Distinct requests stay at the target's edge: their cost is one slice's index math
