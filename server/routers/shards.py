@@ -92,21 +92,13 @@ async def get_shards(request: Request) -> Response:
     return Response(body, media_type="application/json")
 
 
-async def answer(
-    state: ServerState,
-    *,
-    host: int,
-    step: int,
-    steps: int,
-    run: str | None,
-    num_hosts: int | None,
-    encoding: ColumnEncoding,
-) -> bytes:
-    """The body of ``GET /shards`` for parameters that ``ShardsQuery`` validated; HTTPException (400, 404,
-    503) or the errors of the run's caches (``server.main``'s exception handlers answer them) otherwise."""
-    where = _host_slice(state, host, step, steps, run, num_hosts)
-    caches = state.resolver.cached(where.stored) or await first_use(state, where.stored)
-    steps_to_do = _StepsToDo(state, where, caches, step, steps, encoding)
+async def answer(state: ServerState, **query: Any) -> bytes:
+    """The body of ``GET /shards`` for the fields of a ``ShardsQuery`` (``host``, ``step``, ``steps``, ``run``,
+    ``num_hosts``, ``encoding``) that it validated; HTTPException (400, 404, 503) or the errors of the run's
+    caches (``server.main``'s exception handlers answer them) otherwise."""
+    asked = _asked(state, **query)
+    caches = state.resolver.cached(asked.stored) or await first_use(state, asked.stored)
+    steps_to_do = _StepsToDo(state, asked, caches)
     if len(steps_to_do.missing) > 1:
         # Several steps of index math: a worker thread keeps the event loop answering other requests.
         await anyio.to_thread.run_sync(steps_to_do.compute)
@@ -115,7 +107,39 @@ async def answer(
     return steps_to_do.body()
 
 
-def answer_now(
+def answer_now(state: ServerState, **query: Any) -> bytes | None:
+    """``answer``'s body when it can be had without waiting (the run's caches already found and verified,
+    at most one step's index math to do), else None; it raises what ``answer`` raises.
+
+    The same function of the same state as ``answer`` (its code, less the two awaits): the server's
+    protocol answers plainly valid requests with it before any ASGI task exists (``server.protocol``).
+    """
+    asked = _asked(state, **query)
+    caches = state.resolver.cached(asked.stored)
+    if not caches:
+        return None  # first use: the run's caches are found and verified in a thread (state.first_use)
+    steps_to_do = _StepsToDo(state, asked, caches)
+    if len(steps_to_do.missing) > 1:
+        return None  # answer runs several steps' index math in a worker thread
+    steps_to_do.compute()
+    return steps_to_do.body()
+
+
+class _Asked(NamedTuple):
+    """One ``/shards`` request, checked against its run."""
+
+    stored: StoredRun
+    host: int
+    hosts: int
+    slice_index: int  # the host's slice of the global batch: slice_index of slice_count
+    slice_count: int
+    data_shard: int  # the first data shard of the host's slice
+    step: int
+    steps: int
+    encoding: ColumnEncoding
+
+
+def _asked(
     state: ServerState,
     *,
     host: int,
@@ -124,36 +148,7 @@ def answer_now(
     run: str | None,
     num_hosts: int | None,
     encoding: ColumnEncoding,
-) -> bytes | None:
-    """``answer``'s body when it can be had without waiting (the run's caches already found and verified,
-    at most one step's index math to do), else None; it raises what ``answer`` raises.
-
-    The same function of the same state as ``answer`` (its code, less the two awaits): the server's
-    protocol answers plainly valid requests with it before any ASGI task exists (``server.protocol``).
-    """
-    where = _host_slice(state, host, step, steps, run, num_hosts)
-    caches = state.resolver.cached(where.stored)
-    if not caches:
-        return None  # first use: the run's caches are found and verified in a thread (state.first_use)
-    steps_to_do = _StepsToDo(state, where, caches, step, steps, encoding)
-    if len(steps_to_do.missing) > 1:
-        return None  # answer runs several steps' index math in a worker thread
-    steps_to_do.compute()
-    return steps_to_do.body()
-
-
-class _HostSlice(NamedTuple):
-    stored: StoredRun
-    host: int
-    hosts: int
-    slice_index: int  # the host's slice of the global batch: slice_index of slice_count
-    slice_count: int
-    data_shard: int  # the first data shard of the host's slice
-
-
-def _host_slice(
-    state: ServerState, host: int, step: int, steps: int, run: str | None, num_hosts: int | None
-) -> _HostSlice:
+) -> _Asked:
     stored, _ = state.find_run(run)
     plan = stored.plan
     hosts = plan.num_data_shards if num_hosts is None else num_hosts
@@ -173,23 +168,16 @@ def _host_slice(
         index, count = host_slice_for(host, hosts, plan.num_data_shards)
     except PlanError as error:
         raise HTTPException(400, f"Run {stored.name!r}: {error}") from None
-    return _HostSlice(stored, host, hosts, index, count, index * (plan.num_data_shards // count))
+    data_shard = index * (plan.num_data_shards // count)
+    return _Asked(stored, host, hosts, index, count, data_shard, step, steps, encoding)
 
 
 class _StepsToDo:
     """The steps of one answer: those in the answer cache, and those whose index math is still to do."""
 
-    def __init__(
-        self,
-        state: ServerState,
-        where: _HostSlice,
-        caches: tuple[ResolvedCache, ...],
-        step: int,
-        steps: int,
-        encoding: ColumnEncoding,
-    ):
-        stored = where.stored
-        self.where, self.step, self.encoding = where, step, encoding
+    def __init__(self, state: ServerState, asked: _Asked, caches: tuple[ResolvedCache, ...]):
+        stored, step, encoding = asked.stored, asked.step, asked.encoding
+        self.asked = asked
         self.cache = cache = state.answers
         self.tables = cache.tables(stored, caches)
         if encoding == "compact":
@@ -202,26 +190,24 @@ class _StepsToDo:
         # served after.
         fingerprint = stored.plan.fingerprint()
         self.keys = [
-            (stored.name, fingerprint, where.slice_count, where.slice_index, s, encoding) for s in range(step, step + steps)
+            (stored.name, fingerprint, asked.slice_count, asked.slice_index, s, encoding)
+            for s in range(step, step + asked.steps)
         ]
         self.parts: list[bytes | None] = [cache.get(key) for key in self.keys]
         self.missing = [i for i, part in enumerate(self.parts) if part is None]
 
     def compute(self) -> None:
         """The index math of the missing steps, each kept in the answer cache."""
-        where, cache = self.where, self.cache
+        asked, cache = self.asked, self.cache
         for i in self.missing:
-            part = step_json(
-                cache, where.stored.name, self.tables, self.step + i, where.slice_index, where.slice_count, self.encoding
-            )
+            part = step_json(cache, asked.stored.name, self.tables, asked.step + i, asked.slice_index,
+                             asked.slice_count, asked.encoding)  # fmt: skip
             self.parts[i] = part
             cache.put(self.keys[i], part)
         self.missing = []
 
     def body(self) -> bytes:
-        where = self.where
+        asked = self.asked
         assert not self.missing, "compute() first"
-        last = self.step + len(self.parts) - 1
-        return shards_body(where.stored, where.host, where.hosts, where.data_shard, last, self.parts)  # type: ignore[arg-type]
-
-
+        last = asked.step + asked.steps - 1
+        return shards_body(asked.stored, asked.host, asked.hosts, asked.data_shard, last, self.parts)  # type: ignore[arg-type]
