@@ -160,6 +160,13 @@ class AnswerCache:
         for files in self.tables(run, caches).files:
             files.file_rows  # noqa: B018 (a cached property: computing it is the point)
 
+    def kept(self, run: str, tables: RunTables, step: int, count: int) -> bool:
+        """Whether ``step`` is kept whole (cut into ``count`` slices): a slice of it needs no index math, only
+        its JSON. (Not a use: the LRU order stays.)"""
+        with self._lock:
+            entry = self._steps.get((run, tables.plan.fingerprint(), step, count))
+        return entry is not None and entry.slices is not None
+
     def step_reads(self, run: str, tables: RunTables, step: int, index: int, count: int) -> StepReads:
         """Slice ``index`` of ``count`` at ``step``: cut from the whole step, or computed alone when the
         step is new and the run's last two new steps were asked for once each (module docstring). Two

@@ -244,3 +244,32 @@ def test_an_error_at_the_door_leaves_the_request_to_the_app(env, monkeypatch):
         assert answers[0].startswith(b"HTTP/1.1 200 ") and pair.answered_at_door == 0
 
     asyncio.run(main())
+
+
+def test_a_window_of_steps_kept_whole_is_answered_without_a_thread(env, monkeypatch):
+    # A lookahead window (steps=4): its first hosts run the index math in a worker thread (the first
+    # computes each step's slice alone, the second the whole step); once the steps are kept whole, the
+    # other hosts' answers need only their JSON: written at once, at the door, with no thread's round trip.
+    import anyio.to_thread
+
+    threads = []
+    real = anyio.to_thread.run_sync
+
+    async def counting(function, *args, **kwargs):
+        threads.append(function)
+        return await real(function, *args, **kwargs)
+
+    async def main():
+        pair = Pair(env)
+        await pair.both(request("/shards?host=0&step=0"))
+        monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+        before = pair.answered_at_door
+        for host in range(2):
+            await pair.both(request(f"/shards?host={host}&step=40&steps=4&encoding=compact"))
+        assert (len(threads), pair.answered_at_door) == (4, before)  # two hosts, two apps
+        for host in range(2, 4):
+            answers = await pair.both(request(f"/shards?host={host}&step=40&steps=4&encoding=compact"))
+            assert answers[0].startswith(b"HTTP/1.1 200 ")
+        assert (len(threads), pair.answered_at_door) == (4, before + 2)
+
+    asyncio.run(main())

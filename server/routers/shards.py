@@ -99,8 +99,9 @@ async def answer(state: ServerState, **query: Any) -> bytes:
     asked = _asked(state, **query)
     caches = state.resolver.cached(asked.stored) or await first_use(state, asked.stored)
     steps_to_do = _StepsToDo(state, asked, caches)
-    if len(steps_to_do.missing) > 1:
-        # Several steps of index math: a worker thread keeps the event loop answering other requests.
+    if steps_to_do.index_math() > 1:
+        # Several steps of index math: a worker thread keeps the event loop answering other requests. (Steps
+        # kept whole need only their JSON: a thread's round trip cost more than that, ~150 us a request.)
         await anyio.to_thread.run_sync(steps_to_do.compute)
     else:
         steps_to_do.compute()
@@ -109,7 +110,8 @@ async def answer(state: ServerState, **query: Any) -> bytes:
 
 def answer_now(state: ServerState, **query: Any) -> bytes | None:
     """``answer``'s body when it can be had without waiting (the run's caches already found and verified,
-    at most one step's index math to do), else None; it raises what ``answer`` raises.
+    at most one step's index math to do: steps the answer cache keeps whole need only their JSON), else
+    None; it raises what ``answer`` raises.
 
     The same function of the same state as ``answer`` (its code, less the two awaits): the server's
     protocol answers plainly valid requests with it before any ASGI task exists (``server.protocol``).
@@ -119,7 +121,7 @@ def answer_now(state: ServerState, **query: Any) -> bytes | None:
     if not caches:
         return None  # first use: the run's caches are found and verified in a thread (state.first_use)
     steps_to_do = _StepsToDo(state, asked, caches)
-    if len(steps_to_do.missing) > 1:
+    if steps_to_do.index_math() > 1:
         return None  # answer runs several steps' index math in a worker thread
     steps_to_do.compute()
     return steps_to_do.body()
@@ -196,8 +198,15 @@ class _StepsToDo:
         self.parts: list[bytes | None] = [cache.get(key) for key in self.keys]
         self.missing = [i for i, part in enumerate(self.parts) if part is None]
 
+    def index_math(self) -> int:
+        """How many of the missing steps need their index math (the others are kept whole: only JSON to write)."""
+        if len(self.missing) < 2:
+            return len(self.missing)
+        asked, cache = self.asked, self.cache
+        return sum(not cache.kept(asked.stored.name, self.tables, asked.step + i, asked.slice_count) for i in self.missing)
+
     def compute(self) -> None:
-        """The index math of the missing steps, each kept in the answer cache."""
+        """The index math (where not done) and JSON of the missing steps, each kept in the answer cache."""
         asked, cache = self.asked, self.cache
         for i in self.missing:
             part = step_json(cache, asked.stored.name, self.tables, asked.step + i, asked.slice_index,
