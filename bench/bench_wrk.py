@@ -392,8 +392,8 @@ def serve_trivial(port: int) -> None:
     import uvicorn
     from fastapi import FastAPI
 
-    from server.protocol import limited_protocol
     from server.settings import Settings
+    from taskdata.cli import serve_options
 
     app = FastAPI()
 
@@ -401,9 +401,9 @@ def serve_trivial(port: int) -> None:
     async def trivial() -> dict[str, str]:
         return {"status": "ok"}
 
-    settings = Settings(cache_root=str(OUT))
-    uvicorn.run(app, host="127.0.0.1", port=port, access_log=False, log_level="warning", workers=1,
-                http=limited_protocol(settings), ws="none", timeout_keep_alive=settings.keep_alive_seconds)
+    # taskdata serve's options, protocol class included (a plain FastAPI app has no door to give it).
+    options = serve_options(Settings(cache_root=str(OUT)), app, access_log=False)
+    uvicorn.run(app, **{**options, "host": "127.0.0.1", "port": port, "log_level": "warning"})
 
 
 def pod_run(root: Path, data_shards: int) -> dict:

@@ -46,10 +46,12 @@ from typing import Any, ClassVar
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
+from server.routers.shards import PATH
 from server.settings import Settings
 
 __all__ = ["LimitedHttpToolsProtocol", "limited_protocol"]
 
+_DOOR_PATH = PATH.encode()  # the raw path of the requests the door answers: GET /shards
 # The blank line that ends a request's headers (llhttp also takes a bare LF as a line end).
 _HEADERS_END = re.compile(rb"\n\r?\n")
 
@@ -61,7 +63,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout: ClassVar[float] = 10.0
     # The door: (lower-cased headers, query string) -> a 200 answer's JSON body, or None (module docstring).
     door: ClassVar[Callable[[list[tuple[bytes, bytes]], bytes], bytes | None] | None] = None
-    door_path: ClassVar[bytes] = b"/shards"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -104,7 +105,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
         self._cancel_header_deadline()
-        if type(self).door is not None and self._answer_at_door():
+        if self._answer_at_door():
             return
         super().on_headers_complete()
         cycle = self.cycle
@@ -122,6 +123,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _answer_at_door(self) -> bool:
         """Answers the request whose headers just ended if the door can (module docstring); whether it did."""
+        door = type(self).door  # a function kept on the class (staticmethod), not a method of the protocol
+        if door is None:
+            return False
         cycle = self.cycle
         if (cycle is not None and not cycle.response_complete) or self.pipeline or self.flow.write_paused:
             return False  # an answer is under way: uvicorn queues this request behind it, in order
@@ -131,10 +135,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if parser.get_method() != b"GET" or parser.get_http_version() != "1.1" or parser.should_upgrade():
             return False
         url = httptools.parse_url(self.url)
-        if url.path != self.door_path:
+        if url.path != _DOOR_PATH:
             return False  # (a percent-encoded path is not the door's either)
-        door = type(self).door  # a function kept on the class (staticmethod), not a method of the protocol
-        body = None if door is None else door(self.headers, url.query or b"")
+        body = door(self.headers, url.query or b"")
         if body is None:
             return False
         keep_alive = parser.should_keep_alive()

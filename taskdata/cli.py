@@ -856,6 +856,7 @@ def serve_options(settings: Settings, app: Any, *, access_log: bool) -> dict[str
         # upgrade is accepted.
         "http": limited_protocol(settings, app),
         "ws": "none",
+        # uvicorn annotates int, but only hands it to loop.call_later, which takes float seconds.
         "timeout_keep_alive": settings.keep_alive_seconds,
     }
 
