@@ -286,8 +286,12 @@ BUCKETS = [
     ("the step's JSON (base64 columns, files)", "(taskdata/index/reads_json.py"),
     ("a slice cut from its whole step, step LRU", "AnswerCache.step_json (server/assignments.py"),
     ("the answer around them (run, answer LRU, head)", "answer (server/routers/shards.py"),
+    ("the answer around them (run, answer LRU, head)", "answer_now (server/routers/shards.py"),
     ("FastAPI and its middleware (requests not answered at the door)", "FastAPI.__call__ (fastapi"),
     ("the door (query, token, metrics)", "AssignmentService.__call__ (server/shards_fast.py"),
+    ("the door (query, token, metrics)", "AssignmentService.answer_now (server/shards_fast.py"),
+    # The protocol's door itself: the head, and the send of head and body (py-spy does not see into C).
+    ("the protocol's door: its head and the socket write", "_answer_at_door (server/protocol.py"),
     ("HTTP parsing (httptools) and the event loop", ""),
 ]
 PROFILED = [("r64", "together"), ("r64", "distinct"), ("r65536", "together"), ("r65536", "distinct")]
@@ -305,7 +309,7 @@ def profile(port: int, pid: int, script: str, seconds: int, encoding: str) -> li
         result = wrk(script, port, pid, 16, seconds, MODE=mode, RUN=run, HOSTS=8, STEPS=1, BASE=77_000_000 + i * 10_000_000,
                      ENCODING=encoding)
         spy.wait(timeout=120)
-        counts = dict.fromkeys((name for name, _ in BUCKETS), 0)
+        counts = dict.fromkeys((name for name, _ in BUCKETS), 0)  # (a name may have several markers)
         for line in raw.read_text().splitlines():
             stack, _, samples = line.rpartition(" ")
             frames = stack.split(";")
