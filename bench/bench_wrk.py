@@ -197,6 +197,21 @@ cost ~150 us of CPU a request (in one process, 6 windows x 512 hosts of pod512 a
 request through the thread, 183-191 inline). Such a window is now answered at once, at the door. Under wrk:
 pod512 together at steps=16 561 us/request (the two runs before: 717, 988), a 4,096-host synchronised restart
 1.19 s of server CPU per window (2.54, 4.02), training at 4 steps/s 98 ms per step (145, 139).
+
+Then (branch b64): base64 is written with ``pybase64`` (SIMD) instead of ``binascii`` (0.8 GB/s), and the door
+writes an answer's pieces (``shards_body_parts``) in one ``writev`` without joining them first. One slice's base64
+JSON in one process (thread CPU, 200 steps x 8 slices): r64 16.7 us against 26.5, r65536 25.4 against 35.7;
+compact unchanged (9.0-9.4). Under wrk with ``--baseline`` (main at e288b00), two runs of 3 rounds of 6 s
+(load 0.8-2.1, trivial endpoint 102-115 us/request), server CPU per request, base64: r64 together 164 / 151 us
+against 210 / 171, r65536 together 213 / 215 against 227 / 229, distinct r64 315 / 320 against 322 / 338,
+r65536 383 / 376 against 405 / 395; compact within the rounds' noise of the baseline (143-160 together,
+285-316 distinct, both trees). Paired ratios, base64: r64 together 72.7% / 60.3% (baseline 61% / 56%), r65536
+together 46.2% / 47.8% (43% / 46%), distinct r64 35.3% / 31% (34% / 29%), r65536 26.2% / 31% (25% / 30%);
+compact together 81.0% / 70.9% and 63.8% / 67.5%, distinct 36.0% / 36.6% and 37.3% / 32.3%. What is left
+at r65536 base64 (profile, 221 us/request under py-spy): index math of the whole step 60, the step's JSON 65
+(the files' rows from 8 MB tables, a 48 KB join), the protocol's door with the socket write of 48 KB 37, the
+answer and the door's Python 41, the event loop 15: the 60% target (~180 us here) would need ~40 us less,
+more than the files and the join cost together.
 """
 
 from __future__ import annotations
@@ -286,8 +301,12 @@ BUCKETS = [
     ("the step's JSON (base64 columns, files)", "(taskdata/index/reads_json.py"),
     ("a slice cut from its whole step, step LRU", "AnswerCache.step_json (server/assignments.py"),
     ("the answer around them (run, answer LRU, head)", "answer (server/routers/shards.py"),
+    ("the answer around them (run, answer LRU, head)", "answer_now (server/routers/shards.py"),
     ("FastAPI and its middleware (requests not answered at the door)", "FastAPI.__call__ (fastapi"),
     ("the door (query, token, metrics)", "AssignmentService.__call__ (server/shards_fast.py"),
+    ("the door (query, token, metrics)", "AssignmentService.answer_now (server/shards_fast.py"),
+    # The protocol's door itself: the head, and the send of head and body (py-spy does not see into C).
+    ("the protocol's door: its head and the socket write", "_answer_at_door (server/protocol.py"),
     ("HTTP parsing (httptools) and the event loop", ""),
 ]
 PROFILED = [("r64", "together"), ("r64", "distinct"), ("r65536", "together"), ("r65536", "distinct")]
@@ -305,7 +324,7 @@ def profile(port: int, pid: int, script: str, seconds: int, encoding: str) -> li
         result = wrk(script, port, pid, 16, seconds, MODE=mode, RUN=run, HOSTS=8, STEPS=1, BASE=77_000_000 + i * 10_000_000,
                      ENCODING=encoding)
         spy.wait(timeout=120)
-        counts = dict.fromkeys((name for name, _ in BUCKETS), 0)
+        counts = dict.fromkeys((name for name, _ in BUCKETS), 0)  # (a name may have several markers)
         for line in raw.read_text().splitlines():
             stack, _, samples = line.rpartition(" ")
             frames = stack.split(";")

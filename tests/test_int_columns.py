@@ -33,7 +33,11 @@ def test_views_and_big_endian_arrays_encode_their_values():
     ("column", "error", "message"),
     [
         ("AAAA", ValueError, "whole int64 values, not 3 bytes"),
-        ("not base64!", ValueError, "Only base64 data is allowed"),
+        ("not base64!", ValueError, "column's text must be base64 .* not 'not base64!'"),
+        ("AAA", ValueError, "must be base64 .*the last padded with =\\), not 'AAA'"),
+        ("AAAA====", ValueError, "must be base64"),  # the standard library's decoder lets extra padding through
+        ("u1:AA=A", ValueError, "a u1 column's text must be base64"),
+        ("u1:é", ValueError, "a u1 column's text must be base64"),
         (7, TypeError, "a list or a base64 string, not int"),
     ],
 )

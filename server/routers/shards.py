@@ -17,7 +17,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from server.assignments import shards_body, step_json
+from server.assignments import shards_body_parts, step_json
 from server.models import MAX_STEP, ErrorResponse, ShardsQuery, ShardsResponse
 from server.state import ServerState, first_use, get_state
 from taskdata.index import PlanError, ReadsError, host_slice_for
@@ -105,13 +105,13 @@ async def answer(state: ServerState, **query: Any) -> bytes:
         await anyio.to_thread.run_sync(steps_to_do.compute)
     else:
         steps_to_do.compute()
-    return steps_to_do.body()
+    return b"".join(steps_to_do.body())
 
 
-def answer_now(state: ServerState, **query: Any) -> bytes | None:
-    """``answer``'s body when it can be had without waiting (the run's caches already found and verified,
-    at most one step's index math to do: steps the answer cache keeps whole need only their JSON), else
-    None; it raises what ``answer`` raises.
+def answer_now(state: ServerState, **query: Any) -> list[bytes] | None:
+    """``answer``'s body, as pieces to write one after another (``shards_body_parts``), when it can be had
+    without waiting (the run's caches already found and verified, at most one step's index math to do:
+    steps the answer cache keeps whole need only their JSON), else None; it raises what ``answer`` raises.
 
     The same function of the same state as ``answer`` (its code, less the two awaits): the server's
     protocol answers plainly valid requests with it before any ASGI task exists (``server.protocol``).
@@ -215,8 +215,9 @@ class _StepsToDo:
             cache.put(self.keys[i], part)
         self.missing = []
 
-    def body(self) -> bytes:
+    def body(self) -> list[bytes]:
+        """The answer's pieces (``shards_body_parts``)."""
         asked = self.asked
         assert not self.missing, "compute() first"
         last = asked.step + asked.steps - 1
-        return shards_body(asked.stored, asked.host, asked.hosts, asked.data_shard, last, self.parts)  # type: ignore[arg-type]
+        return shards_body_parts(asked.stored, asked.host, asked.hosts, asked.data_shard, last, self.parts)  # type: ignore[arg-type]

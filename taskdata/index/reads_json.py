@@ -15,19 +15,22 @@ separators would (tests parse and compare every answer), several times faster.
 
 from __future__ import annotations
 
-import binascii
 import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pybase64
 
 from taskdata.index.columns import ColumnEncoding, base64_int64_bytes, column_array
 from taskdata.index.host_reads import StepSlices
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
 
 __all__ = ["MAX_LOOKAHEAD", "StepJson", "from_json", "to_json"]
+
+# Base64 of a buffer's bytes, as bytes (pybase64: see taskdata.index.columns).
+b64 = pybase64.b64encode
 
 # The most steps one /shards request asks for (its lookahead window).
 MAX_LOOKAHEAD = 64
@@ -116,7 +119,7 @@ def _compact_type(top: int) -> tuple[bytes, str | None]:
 
 def _base64(values: np.ndarray) -> bytes:
     """Base64 of a contiguous array's bytes: the text of a compact column after its type."""
-    return binascii.b2a_base64(values.data, newline=False)
+    return b64(values.data)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -154,11 +157,11 @@ class StepJson:
             a, b = bounds[g], bounds[g + 1]
             parts.append(prefix)
             for k, code in enumerate(types[g]):
-                parts += (_KEY_TYPES[k][code], binascii.b2a_base64(rows[code][k][a:b], newline=False))
+                parts += (_KEY_TYPES[k][code], b64(rows[code][k][a:b]))
             parts.append(b'"}}')
         taken = 0 if slices.skipped else size
         order_type, order_rows = order
-        order_text = binascii.b2a_base64(order_rows[index * taken : (index + 1) * taken], newline=False)
+        order_text = b64(order_rows[index * taken : (index + 1) * taken])
         parts += [b'],"order":"', order_type, order_text, b'"}']
         return b"".join(parts)
 
@@ -168,7 +171,6 @@ class StepJson:
         rows, order, prefixes, (file_bounds, file_shards) = self._base64()
         size, count, bounds = slices.per_slice, slices.count, slices.bounds
         first = slices.start + index * size
-        b64 = binascii.b2a_base64
         parts: list[bytes | memoryview] = [
             _head(slices.step, slices.skipped, slices.global_batch_size, first, first + size)
         ]
@@ -177,10 +179,10 @@ class StepJson:
             a, b = bounds[g], bounds[g + 1]
             parts += (prefix, cache.files_json_view(file_shards[file_bounds[g] : file_bounds[g + 1]]))
             for key, row in zip(_BASE64_KEYS, rows, strict=True):
-                parts += (key, b64(row[a:b], newline=False))
+                parts += (key, b64(row[a:b]))
             parts.append(b'"}}')
         taken = 0 if slices.skipped else size
-        parts += (b'],"order":"', b64(order[index * taken : (index + 1) * taken], newline=False), b'"}')
+        parts += (b'],"order":"', b64(order[index * taken : (index + 1) * taken]), b'"}')
         return b"".join(parts)
 
     def _base64(self) -> tuple[list[memoryview], memoryview, list[bytes], tuple[list[int], np.ndarray]]:
