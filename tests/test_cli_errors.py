@@ -14,6 +14,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from taskdata.exits import (
     EXIT_BROKEN_PIPE,
     EXIT_DATA,
@@ -127,13 +129,44 @@ def slow_documents(split, shard):
 FEATURES = {"targets": Feature(ByteVocabulary())}
 taskdata.add_task("slow_task", taskdata.FunctionSource(slow_documents, {"train": ["0"]}),
                   [Tokenize()], output_features=FEATURES)
+
+
+# Sources that swallow a Ctrl-C where it lands (a retry loop that catches everything, say): the first one
+# only, or every one (then the source runs to its end and the task is valid: the job would finish).
+def _swallowing(swallow, count, key):
+    swallowed = 0
+    for i in range(count):
+        try:
+            time.sleep(0.1)
+        except KeyboardInterrupt:
+            swallowed += 1
+            if swallowed > swallow:
+                raise
+        yield {key: f"document {i}"}
+
+
+def swallows_one(split, shard):
+    yield from _swallowing(1, 600, "text")
+
+
+def swallows_all(split, shard):
+    yield from _swallowing(10**6, 80, "targets")
+
+
+for source in (swallows_one, swallows_all):
+    taskdata.add_task(source.__name__, taskdata.FunctionSource(source, {"train": ["0"]}), [Tokenize()],
+                      output_features=FEATURES)
 '''
 
 
-def test_ctrl_c_on_cache_exits_130_without_a_traceback(tmp_path):
+@pytest.mark.parametrize("task", ["slow_task", "swallows_one", "swallows_all"])
+def test_ctrl_c_on_cache_exits_130_without_a_traceback(tmp_path, task):
+    # swallows_one: the Ctrl-C is raised again (taskdata.beam.job._StickyInterrupts) and stops the job;
+    # swallows_all: the source runs to its end, and the job, which would now finish, is still interrupted and
+    # its version never marked complete.
     (tmp_path / "slow_tasks.py").write_text(textwrap.dedent(SLOW_TASKS))
     process = subprocess.Popen(
-        [sys.executable, "-m", "taskdata", "cache", "--task", "slow_task", "--module", "slow_tasks",
+        [sys.executable, "-m", "taskdata", "cache", "--task", task, "--module", "slow_tasks",
          "--output", str(tmp_path / "cache")],
         cwd=tmp_path, env=environment(PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -152,6 +185,7 @@ def test_ctrl_c_on_cache_exits_130_without_a_traceback(tmp_path):
     assert "Traceback" not in rest
     assert rest.splitlines()[-1] == "taskdata cache: interrupted"
     assert "is not marked complete and will never be read" in rest
+    assert not list((tmp_path / "cache").rglob("COMPLETED"))
 
 
 def test_serve_token_file_problems_are_our_words_not_pydantics(tmp_path):

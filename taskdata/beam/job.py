@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -277,10 +278,16 @@ def _run_pipeline(spec: CacheJobSpec, work: list[tuple[str, int, str]], options:
                                 daemon=True)
     if options.progress:
         reporter.start()
+    interrupts = _StickyInterrupts()
     try:
-        pipeline.run().wait_until_finish()
+        with interrupts:
+            pipeline.run().wait_until_finish()
+            if interrupts.requested.is_set():
+                raise KeyboardInterrupt  # Ctrl-C came and something swallowed every KeyboardInterrupt it made
     except (Exception, KeyboardInterrupt) as e:
-        if _interrupted(e):  # Ctrl-C, which Beam re-raises from its worker thread as another exception type
+        # Ctrl-C, which Beam re-raises from its worker thread as another exception type; or any error after a
+        # Ctrl-C (what the interrupt broke): either way the user asked the job to stop.
+        if interrupts.requested.is_set() or _interrupted(e):
             log(f"[cache] interrupted; the partial version {spec.version_dir} is not marked complete and will "
                 "never be read")
             raise KeyboardInterrupt from e
@@ -292,6 +299,51 @@ def _run_pipeline(spec: CacheJobSpec, work: list[tuple[str, int, str]], options:
         stop.set()
         if reporter.is_alive():
             reporter.join()
+
+
+class _StickyInterrupts:
+    """Ctrl-C while the pipeline runs, made to stick: a KeyboardInterrupt can be swallowed where it lands (in
+    user code that catches it, or in a callback whose exceptions are only printed), and the job would then
+    run on, and might even mark its version complete. While this is entered (in the main thread, where Python
+    runs signal handlers), SIGINT is recorded in ``requested`` as well as raised, and is raised again every
+    ``every_s`` seconds (a real SIGINT to the main thread, which also ends a blocking wait) until the pipeline
+    returns; the caller treats the run as interrupted whenever ``requested`` is set. A process that handles
+    SIGINT itself (not Python's default handler) keeps its own handler."""
+
+    def __init__(self, every_s: float = 2.0):
+        self.every_s = every_s
+        self.requested = threading.Event()
+        self._done = threading.Event()
+        self._repeater: threading.Thread | None = None
+
+    def __enter__(self) -> _StickyInterrupts:
+        if threading.current_thread() is threading.main_thread() and (
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            signal.signal(signal.SIGINT, self._on_sigint)
+            self._repeater = threading.Thread(target=self._repeat, name="cache-interrupts", daemon=True)
+            self._repeater.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
+        if self._repeater is None:
+            return
+        try:
+            self._repeater.join()  # no SIGINT of ours arrives after this (one already sent raises here)
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self._repeater = None
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        self.requested.set()
+        raise KeyboardInterrupt
+
+    def _repeat(self) -> None:
+        main = threading.main_thread().ident
+        while not self._done.wait(self.every_s):
+            if self.requested.is_set() and main is not None:
+                signal.pthread_kill(main, signal.SIGINT)
 
 
 def _interrupted(error: BaseException) -> bool:
