@@ -159,6 +159,13 @@ for source in (swallows_one, swallows_all):
 '''
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    # A shell without job control starts a background command ('pytest ... &') with SIGINT ignored, children
+    # inherit that, and Python then leaves Ctrl-C ignored (as it should, for nohup and '&'): the job under
+    # test gets the default disposition, as from a terminal, whatever started pytest.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("task", ["slow_task", "swallows_one", "swallows_all"])
 def test_ctrl_c_on_cache_exits_130_without_a_traceback(tmp_path, task):
     # swallows_one: the Ctrl-C is raised again (taskdata.beam.job._StickyInterrupts) and stops the job;
@@ -169,7 +176,7 @@ def test_ctrl_c_on_cache_exits_130_without_a_traceback(tmp_path, task):
         [sys.executable, "-m", "taskdata", "cache", "--task", task, "--module", "slow_tasks",
          "--output", str(tmp_path / "cache")],
         cwd=tmp_path, env=environment(PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_as_at_a_terminal,
     )  # fmt: skip
     try:
         for line in process.stderr:
