@@ -10,6 +10,7 @@ still alive at that point. Without the client's hook they are all still reading 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -71,5 +72,7 @@ def test_the_check_sees_threads_that_nothing_closes(tmp_path_factory):
         + CASES["iterator"].format(workers=0)
     )
     result = run_script(shared_root(tmp_path_factory), body)
-    assert result.returncode == 0, result.stderr[-3000:]
+    # Threads left reading into the teardown may abort the process after its last line (the module docstring):
+    # here, with nothing closing them, that abort is allowed; the list printed before it is what is checked.
+    assert result.returncode in (0, -signal.SIGABRT), result.stderr[-3000:]
     assert "'taskdata-read'" in result.stdout, result.stdout
