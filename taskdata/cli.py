@@ -914,12 +914,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from taskdata.beam.job import CacheJobError  # light: Beam itself is imported only when a job runs
     from taskdata.define.registry import UnknownNameError
     from taskdata.exits import run_command
+    from taskdata.fingerprint import FingerprintError
 
     # Expected failures (bad names, bad input, missing files) get one clear line, not a traceback.
     return run_command(
         f"taskdata {args.command}",
         lambda: args.run(args),
-        usage_errors=(ValueError, UnknownNameError, OSError, ImportError),
+        usage_errors=(ValueError, UnknownNameError, OSError, ImportError, FingerprintError),
         data_errors=(CacheJobError,),
         debug=debug,
     )

@@ -16,7 +16,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["canonical_json", "describe", "fingerprint"]
+__all__ = ["FingerprintError", "canonical_json", "describe", "fingerprint"]
+
+
+class FingerprintError(TypeError):
+    """A definition that cannot be fingerprinted (a lambda, a local function, an object of no stable
+    description): the user's definition to change, not a bug (``taskdata`` commands answer it as a usage error)."""
 
 
 def describe(obj: Any) -> Any:
@@ -57,7 +62,7 @@ def describe(obj: Any) -> Any:
     if callable(obj) and hasattr(obj, "__qualname__"):
         if "<lambda>" in obj.__qualname__ or "<locals>" in obj.__qualname__:
             # A lambda or closure has no stable identity: two different lambdas would share a name.
-            raise TypeError(
+            raise FingerprintError(
                 f"Cannot fingerprint {obj.__qualname__} from {obj.__module__}: lambdas and local "
                 "functions have no stable name. Define it at module level, or use a dataclass whose "
                 "fields are its parameters."
@@ -65,7 +70,7 @@ def describe(obj: Any) -> Any:
         return {"function": _qualified_name(obj)}
     if hasattr(obj, "tolist") and hasattr(obj, "dtype"):  # numpy arrays and scalars
         return {"array": obj.tolist(), "dtype": str(obj.dtype)}
-    raise TypeError(
+    raise FingerprintError(
         f"Cannot fingerprint a {type(obj).__name__}: give it a fingerprint_description() method or "
         "make it a dataclass of plain values."
     )

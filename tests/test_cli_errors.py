@@ -311,3 +311,28 @@ def test_the_package_metadata_carries_the_license_without_the_deprecated_table(t
     assert "deprecat" not in (result.stdout + result.stderr).lower()
     metadata = (tmp_path / "taskdata.egg-info" / "PKG-INFO").read_text()
     assert "License-File: LICENSE" in metadata and "Apache License" in (REPO / "LICENSE").read_text()
+
+
+def test_a_definition_that_cannot_be_fingerprinted_is_a_usage_error_not_a_bug(tmp_path):
+    (tmp_path / "local_tasks.py").write_text(textwrap.dedent('''
+        import taskdata
+        from taskdata.define.features import Feature
+        from taskdata.define.vocabularies import ByteVocabulary
+        from taskdata.preprocessors import Tokenize
+
+        def make_source():
+            def lines(split, shard):  # a local function: no stable name to fingerprint
+                yield {"targets": "one line"}
+            return lines
+
+        taskdata.add_task("local_task", taskdata.FunctionSource(make_source(), {"train": ["0"]}), [Tokenize()],
+                          output_features={"targets": Feature(ByteVocabulary())})
+    '''))
+    result = taskdata("cache", "--task", "local_task", "--module", "local_tasks", "--output", str(tmp_path / "cache"),
+                      cwd=tmp_path, PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}")
+    assert result.returncode == EXIT_USAGE, result.stderr
+    assert "Traceback" not in result.stderr
+    assert error_lines(result.stderr) == [
+        "taskdata cache: error: Cannot fingerprint make_source.<locals>.lines from local_tasks: lambdas and local "
+        "functions have no stable name. Define it at module level, or use a dataclass whose fields are its parameters."
+    ]
