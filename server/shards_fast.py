@@ -136,8 +136,9 @@ class AssignmentService(FastAPI):
 
     def answer_now(self, headers: list[tuple[bytes, bytes]], query_string: bytes) -> list[bytes] | None:
         """The body of a 200 answer to ``GET /shards`` with these headers and query string, computed now, as
-        pieces to write one after another (joined, they are the body the app would send), or None where the app must answer it: not plainly valid, a first use or several steps of index math
-        to wait for, or an error (the app's handlers word it). A 200 is counted in the metrics as the
+        pieces to write one after another (joined, they are the body the app would send), or None where the
+        app must answer it: not plainly valid, a first use or several steps of index math to wait for, or an
+        error (the app's handlers word it). A 200 is counted in the metrics as the
         app's answer would be. ``server.protocol`` calls it before it makes an ASGI task for the request."""
         started = time.perf_counter()
         try:

@@ -30,7 +30,7 @@ from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads
 __all__ = ["MAX_LOOKAHEAD", "StepJson", "from_json", "to_json"]
 
 # Base64 of a buffer's bytes, as bytes (pybase64: see taskdata.index.columns).
-b64 = pybase64.b64encode
+_b64 = pybase64.b64encode
 
 # The most steps one /shards request asks for (its lookahead window).
 MAX_LOOKAHEAD = 64
@@ -119,7 +119,7 @@ def _compact_type(top: int) -> tuple[bytes, str | None]:
 
 def _base64(values: np.ndarray) -> bytes:
     """Base64 of a contiguous array's bytes: the text of a compact column after its type."""
-    return b64(values.data)
+    return _b64(values.data)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -157,11 +157,11 @@ class StepJson:
             a, b = bounds[g], bounds[g + 1]
             parts.append(prefix)
             for k, code in enumerate(types[g]):
-                parts += (_KEY_TYPES[k][code], b64(rows[code][k][a:b]))
+                parts += (_KEY_TYPES[k][code], _b64(rows[code][k][a:b]))
             parts.append(b'"}}')
         taken = 0 if slices.skipped else size
         order_type, order_rows = order
-        order_text = b64(order_rows[index * taken : (index + 1) * taken])
+        order_text = _b64(order_rows[index * taken : (index + 1) * taken])
         parts += [b'],"order":"', order_type, order_text, b'"}']
         return b"".join(parts)
 
@@ -179,10 +179,10 @@ class StepJson:
             a, b = bounds[g], bounds[g + 1]
             parts += (prefix, cache.files_json_view(file_shards[file_bounds[g] : file_bounds[g + 1]]))
             for key, row in zip(_BASE64_KEYS, rows, strict=True):
-                parts += (key, b64(row[a:b]))
+                parts += (key, _b64(row[a:b]))
             parts.append(b'"}}')
         taken = 0 if slices.skipped else size
-        parts += (b'],"order":"', b64(order[index * taken : (index + 1) * taken]), b'"}')
+        parts += (b'],"order":"', _b64(order[index * taken : (index + 1) * taken]), b'"}')
         return b"".join(parts)
 
     def _base64(self) -> tuple[list[memoryview], memoryview, list[bytes], tuple[list[int], np.ndarray]]:
