@@ -19,6 +19,11 @@ byte-identical (their manifests' shard digests are compared), or the bench fails
 
     PYTHONPATH=. python bench/bench_job_floor.py --sizes 20000 100000 --rounds 3 [--baseline DIR] [--write]
 
+Every round also runs both on a tiny corpus (``--fixed-size``, 100 train documents): what the job costs beyond
+the floor there is its fixed cost (importing Beam, starting and stopping the runner's workers, building the
+pipeline, the commit), which no per-document speed-up removes. At each size the job's wall is then at least
+the floor's plus that difference, and the bench says whether 1.25x is within reach at all.
+
 ``--thread-clocks N`` measures instead where the job's own Python time goes, which the machine's load
 disturbs far less than wall time: ``preprocess_source_shard`` (the task, the records, the spill files; no
 Beam) over the first N source files of the 100k corpus, in a subprocess per run, for this tree and for
@@ -197,6 +202,28 @@ def thread_clocks(files: int, rounds: int, baseline: str | None, write: bool) ->
         write_section("Cache job: the preprocessing thread's clock", lines)
 
 
+def fixed_cost_bounds(runs: dict, fixed: int, sizes: list[int], modes: list[str]) -> list[str]:
+    """Per mode and size: the least wall the job can take there, the floor's plus the job's fixed cost beyond the
+    floor's (medians at the tiny corpus), and whether the target lies above it."""
+    lines = []
+    for mode in modes:
+        job, floor = (statistics.median(r["seconds"] for r in runs[fixed, mode, kind]) for kind in ("job", "floor"))
+        extra = job - floor
+        bounds = []
+        for size in sizes:
+            floor_wall = statistics.median(r["seconds"] for r in runs[size, mode, "floor"])
+            least = floor_wall + extra
+            room = TARGET * floor_wall - least
+            bounds.append(
+                f"at {size:,} documents at least {floor_wall:.2f} + {extra:.2f} = {least:.2f} s = "
+                f"{least / floor_wall:.2f}x the floor, "
+                + (f"{room:.2f} s left under {TARGET}x for per-document work beyond the floor's" if room > 0
+                   else f"{TARGET}x out of reach whatever the per-document work costs"))
+        lines.append(f"{mode}, fixed costs ({fixed:,} train documents): job {job:.2f} s wall, floor {floor:.2f} s: the "
+                     f"job's own {extra:.2f} s more, so its wall is {'; '.join(bounds)}")
+    return lines
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--floor-child":
         floor_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
@@ -205,6 +232,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[20000, 100000])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--fixed-size", type=int, default=100,
+                        help="train documents of the tiny corpus that measures fixed costs (0: none)")
     parser.add_argument("--baseline", help="also run the job of this taskdata source tree (e.g. an earlier commit "
                         "from 'git archive COMMIT | tar -x -C DIR') in every round, as 'before'")
     parser.add_argument("--write", action="store_true", help="write the figures into BENCHMARKS.md")
@@ -217,15 +246,17 @@ def main() -> None:
     if args.write and (args.modes != list(MODES) or sorted(args.sizes) != [20000, 100000]):
         raise SystemExit("--write records the full comparison: both modes at --sizes 20000 100000")
     vocab = corpus.ensure_builtin_vocabulary()
+    fixed = args.fixed_size if args.fixed_size and args.fixed_size not in args.sizes else None
+    sizes = ([fixed] if fixed else []) + args.sizes
     dirs = {}
-    for size in args.sizes:
+    for size in sizes:
         dirs[size] = os.path.join(OUT, f"corpus-{size}")
         if not os.path.exists(os.path.join(dirs[size], "CORPUS.json")):
             corpus.build_corpus(dirs[size], **corpus_params(size))
     runs: dict[tuple[int, str, str], list[dict]] = {}
     loads = [os.getloadavg()[0]]
     for round_ in range(args.rounds):
-        for size in args.sizes:
+        for size in sizes:
             for mode in args.modes:
                 beam_args = MODES[mode]
                 workers = 2 if beam_args else 1
@@ -249,11 +280,11 @@ def main() -> None:
                           f"{result['cpu']:.2f} s, peak RSS {result['peak_tree_rss'] / 2**20:,.0f} MB, "
                           f"load {result['load']:.2f}", flush=True)
     digests = {r["digests"] for (size, _, kind), rs in runs.items() if kind != "floor" for r in rs}
-    if len(digests) != len(args.sizes):
+    if len(digests) != len(sizes):
         raise SystemExit(f"the caches of one corpus differ between modes or rounds: {len(digests)} distinct sets "
-                         f"of shard digests for {len(args.sizes)} corpus sizes")
+                         f"of shard digests for {len(sizes)} corpus sizes")
     lines = []
-    for size in args.sizes:
+    for size in sizes:
         floor_docs = runs[size, args.modes[0], "floor"][0]
         lines.append(f"{floor_docs['documents']:,} documents ({size:,} train), {floor_docs['tokens']:,} source "
                      f"tokens, {runs[size, args.modes[0], 'job'][0]['examples']:,} examples; caches of "
@@ -279,6 +310,8 @@ def main() -> None:
                    f"CPU-s = {med['before']['seconds'] / med['floor']['seconds']:.2f}x wall, "
                    f"{med['before']['cpu'] / med['floor']['cpu']:.2f}x CPU, walls {walls['before']}"
                    if args.baseline else ""))
+    if fixed:
+        lines += fixed_cost_bounds(runs, fixed, args.sizes, args.modes)
     own = [r["own_cpu"] / r["seconds"] for rs in runs.values() for r in rs]
     lines.append(f"the bench's own RSS sampling used at most {max(own):.0%} of a core during a run")
     lines.append(f"medians of {args.rounds} alternating rounds; 1-minute load average (2 cores shared with other "
