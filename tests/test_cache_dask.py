@@ -189,3 +189,19 @@ def test_workers_that_cannot_load_the_task_or_see_the_output_are_named(cluster, 
     pipeline_options = runners.pipeline_options(dask_args(cluster), 8)
     with pytest.raises(runners.ClusterError, match=rf"FileNotFoundError: .* cannot see {probe}"):
         runners.check_dask_cluster(pipeline_options, spec, probe)
+
+
+def test_the_fault_runner_finds_the_dask_drills():
+    from deploy import faults
+
+    assert {"dask-sigkill-preprocessing", "dask-sigkill-writing"} <= {name for name, _ in faults.drills()}
+
+
+def test_a_worker_killed_while_it_writes_a_shard_costs_a_retry_not_the_cache():
+    """The drill of RELIABILITY.md ('Dask'), one kill on a smaller corpus: the job completes with the unkilled
+    build's bytes, or fails in one line leaving nothing complete; verify and the next job agree."""
+    _require_dask()
+    from deploy.fault_drills import dask_workers
+
+    counts = dask_workers.sigkill_worker("writing", kills=1, max_rounds=3, documents=3000)
+    assert counts["ok"] is True, counts
