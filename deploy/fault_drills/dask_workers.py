@@ -86,6 +86,7 @@ def _round(cluster: DaskCluster, phase: str, corpus: Path, output: Path, env: di
     """One killed build and what follows it; the figures of the round (ints are counts, 0 or 1)."""
     cluster.wait_for_workers(2)
     pids = cluster.worker_pids()
+    started = time.monotonic()
     job = subprocess.Popen(_cache(output, cluster), env=env, cwd=REPO, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     victim = None
@@ -98,6 +99,7 @@ def _round(cluster: DaskCluster, phase: str, corpus: Path, output: Path, env: di
             os.kill(victim[0], signal.SIGKILL)
     try:
         _, stderr = job.communicate(timeout=600)
+        job_seconds = time.monotonic() - started
     except subprocess.TimeoutExpired:
         os.killpg(job.pid, signal.SIGKILL)
         job.communicate()
@@ -114,6 +116,8 @@ def _round(cluster: DaskCluster, phase: str, corpus: Path, output: Path, env: di
     }
     if errors:
         figures["error"] = errors[0]
+    if victim is not None:
+        figures.update(job_seconds=round(job_seconds, 1), held=victim[1].rsplit("/", 1)[-1].split(".tmp-")[0])
     verify = _run([sys.executable, "-m", "taskdata", "verify", str(task_root)], env)
     following = _run(_cache(output, cluster), env)
     reused = "reusing complete cache" in following.stderr
@@ -169,7 +173,9 @@ def sigkill_worker(phase: str, kills: int = 10, max_rounds: int | None = None, d
     counts["rounds"] = len(rounds)
     counts["errors"] = sorted({str(r["error"]) for r in killed if "error" in r})
     counts["unkilled_build_seconds"] = round(unkilled_seconds, 1)
+    counts["killed_job_seconds"] = [r["job_seconds"] for r in killed if "job_seconds" in r]
     counts["killed_round_seconds"] = [round(s, 1) for s, r in zip(seconds, rounds, strict=True) if r["killed"]]
+    counts["killed_holding"] = sorted(str(r["held"]) for r in killed if "held" in r)
     n = counts["killed"]
     counts["ok"] = (n == kills and counts["hung"] == 0 and counts["complete_looking_after_failure"] == 0
                     and counts["completed"] == counts["completed_byte_identical"]
