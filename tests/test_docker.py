@@ -37,7 +37,7 @@ def test_every_declared_runtime_dependency_is_pinned_and_satisfies_its_floor():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pins = _lock()
     extras = project["optional-dependencies"]
-    for spec in project["dependencies"] + extras["client"] + extras["seqio"]:
+    for spec in project["dependencies"] + extras["client"] + extras["seqio"] + extras["dask"]:
         requirement = Requirement(spec)
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} is declared in pyproject.toml but not pinned in requirements.lock"
