@@ -31,6 +31,7 @@ def free_port() -> int:
 @dataclasses.dataclass
 class DaskCluster:
     address: str
+    cwd: Path  # where the workers run (``python -m`` puts it first on their sys.path)
     processes: list[subprocess.Popen]
 
     def worker_pids(self) -> dict[str, int]:
@@ -61,7 +62,7 @@ def dask_cluster(workers: int, cwd: Path, env: dict[str, str] | None = None, *,
     processes = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                                    "--port", str(port), "--no-dashboard"], cwd=cwd, env=env,
                                   start_new_session=True, **quiet)]
-    cluster = DaskCluster(address, processes)
+    cluster = DaskCluster(address, cwd, processes)
     try:
         if workers:
             for i in range(workers):

@@ -104,7 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "Beam pipeline options go after '--', e.g. 'taskdata cache --task X -- --runner=DataflowRunner "
                     "--project=P --region=R --temp_location=gs://B/tmp --setup_file=./setup.py'. Without --runner, "
                     "Beam's local Python runner is used ('-- --direct_running_mode=multi_processing "
-                    "--direct_num_workers=2' for several processes).",
+                    "--direct_num_workers=2' for several processes). On a Dask cluster: '-- --runner=dask "
+                    "--dask_client_address=tcp://HOST:8786' (Beam's apache_beam.runners.dask.dask_runner.DaskRunner; "
+                    "needs taskdata[dask]): the job first checks that the scheduler answers and that every worker "
+                    "loads the task and sees --output, then runs each source shard as one Dask task.",
     )
     p.add_argument("--task", help="task (or mixture: each of its tasks) to cache; or give --seqio-task / "
                                   "--seqio-mixture to cache seqio's")

@@ -144,12 +144,17 @@ def test_runner_dask_without_an_address_is_refused_in_one_line(capsys, tmp_path)
     assert "\n" not in error and not list(tmp_path.rglob("v*"))
 
 
-def test_an_unreachable_scheduler_fails_the_job_before_it_writes_anything(tmp_path):
+def test_an_unreachable_scheduler_fails_the_job_in_one_line_before_it_writes_anything(capsys, tmp_path):
     _require_dask()
+    from taskdata.cli import main
+
     address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
-    with pytest.raises(CacheJobError, match=rf"cannot start: Cannot reach the Dask scheduler at {address} within 2 s"):
-        build(tmp_path, beam_args=["--runner=dask", f"--dask_client_address={address}", "--dask_connection_timeout=2"])
-    assert list_versions(str(tmp_path / "toy_random")) == []
+    code = main(["cache", "--task", "toy_det", "--module", MODULE, "--output", str(tmp_path), "--quiet", "--",
+                 "--runner=dask", f"--dask_client_address={address}", "--dask_connection_timeout=2"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 3 and error.startswith(f"taskdata cache: error: Cache build of task 'toy_det' cannot start: Cannot "
+                                          f"reach the Dask scheduler at {address} within 2 s"), error
+    assert list_versions(str(tmp_path / "toy_det")) == []
 
 
 def test_a_scheduler_without_workers_fails_the_job_instead_of_waiting_forever(tmp_path):
@@ -189,6 +194,39 @@ def test_workers_that_cannot_load_the_task_or_see_the_output_are_named(cluster, 
     pipeline_options = runners.pipeline_options(dask_args(cluster), 8)
     with pytest.raises(runners.ClusterError, match=rf"FileNotFoundError: .* cannot see {probe}"):
         runners.check_dask_cluster(pipeline_options, spec, probe)
+
+
+def test_a_task_that_kills_every_worker_it_runs_on_fails_the_job_in_one_line(cluster, tmp_path, monkeypatch, capsys):
+    from taskdata.cli import main
+
+    # The workers import task modules from their folder too (python -m puts it first on their path).
+    (cluster.cwd / "worker_killer_tasks.py").write_text(
+        "import os, signal\n"
+        "from taskdata.define.task import Task\nfrom taskdata.sources import FunctionSource\n"
+        "from tests.cache_tasks import FEATURES, EncodeText\n"
+        "def documents(split, shard):\n"
+        "    if shard == '1':\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    yield {'text': f'{split} {shard}'}\n"
+        "def register_tasks(registry):\n"
+        "    registry.add(Task('kills_its_worker', FunctionSource(documents, {'train': ['0', '1']}), [EncodeText()],\n"
+        "                      FEATURES))\n")
+    monkeypatch.syspath_prepend(str(cluster.cwd))
+    try:
+        code = main(["cache", "--task", "kills_its_worker", "--module", "worker_killer_tasks", "--output",
+                     str(tmp_path), "--num-shards", "2", "--quiet", "--", *dask_args(cluster)])
+    finally:
+        cluster.wait_for_workers(2)  # the nannies restart them, for the tests that follow
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if not line.startswith("[cache]")]
+    # The job's one line, then the line every failed build ends with (the partial version is never read).
+    assert code == 3 and len(lines) == 2 and lines[1].startswith("The partial version "), err
+    assert lines[0].startswith("taskdata cache: error: Cache build of task 'kills_its_worker' failed in the Beam "
+                               "pipeline: Attempted to run task"), lines[0]
+    assert "on 4 different workers, but all those workers died while running it" in lines[0]
+    [version] = list_versions(str(tmp_path / "kills_its_worker"))
+    assert not (tmp_path / "kills_its_worker" / version / "COMPLETED").exists()
+    assert not (tmp_path / "kills_its_worker" / "CURRENT").exists()
 
 
 def test_the_fault_runner_finds_the_dask_drills():

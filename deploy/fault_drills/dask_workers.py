@@ -8,8 +8,9 @@ into a fresh output folder each round. A round kills exactly one worker process,
 - ``dask-sigkill-preprocessing``: a worker reading one of the corpus files (preprocessing a source shard);
 - ``dask-sigkill-writing``: a worker writing an output shard (its temporary file under the version's ``_tmp``).
 
-Then the job must either complete with bytes identical to an unkilled build, or fail with one line
-(``taskdata cache: error: ...``) and leave no version marked complete; ``taskdata verify`` of the task and the
+Then the job must either complete with bytes identical to an unkilled build, or fail with one error line
+(``taskdata cache: error: ...``, then the line that says the partial version is never read, as every failed build
+ends) and leave no version marked complete; ``taskdata verify`` of the task and the
 next ``taskdata cache`` (without ``--force``) must agree: verify passes exactly when the next job reuses the killed
 job's version, and whatever the next job leaves is byte-identical to the unkilled build.
 """
@@ -109,7 +110,8 @@ def _round(cluster: DaskCluster, phase: str, corpus: Path, output: Path, env: di
     errors = [line for line in stderr.splitlines() if line.startswith("taskdata cache: error: ")]
     figures: dict[str, int | str] = {
         "killed": int(victim is not None), "hung": 0, "completed": int(job.returncode == 0),
-        "failed_with_one_line": int(job.returncode != 0 and len(errors) == 1 and stderr.rstrip().endswith(errors[0])),
+        # The job's error line, and no traceback (every failed build adds a line saying its version is never read).
+        "failed_with_one_line": int(job.returncode != 0 and len(errors) == 1 and "Traceback" not in stderr),
         "complete_looking_after_failure": int(job.returncode != 0 and bool(complete)),
         "completed_byte_identical": int(job.returncode == 0 and len(complete) == 1
                                         and _files_of(complete[0]) == reference),

@@ -93,8 +93,9 @@ def run_to_end(pipeline: beam.Pipeline, options: PipelineOptions) -> None:
         result.wait_until_finish()
         finished = True
     except KilledWorker as e:
-        raise ClusterError(f"{e} A task whose every worker dies is usually out of memory: give the workers more "
-                           "(dask_worker --memory-limit) or the job more output shards (--num-shards).") from e
+        raise ClusterError(f"{e} (Dask gives up on a task after its worker died while running it "
+                           f"{e.allowed_failures + 1} times: out of memory, or killed by the machine? The workers' logs "
+                           "say.)") from e
     finally:
         try:
             if not finished:
