@@ -464,10 +464,24 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _quiet_beam_logs(debug: bool) -> None:
-    """Beam logs a failing worker's traceback before the job's own one-line error; show it only with --debug."""
+    """Beam logs a failing worker's traceback before the job's own one-line error, and Dask's client (with
+    --runner=dask) its lost connections; show them only with --debug."""
     import logging
 
     logging.getLogger("apache_beam").setLevel(logging.INFO if debug else logging.CRITICAL)
+    if debug:
+        return
+    # distributed sets its loggers' levels from Dask's config when it is imported (a later setLevel would lose).
+    quiet = {"distributed": "critical", "distributed.client": "critical"}
+    if "distributed" in sys.modules:
+        for name in quiet:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        return
+    try:
+        import dask
+    except ImportError:
+        return  # no Dask (taskdata[dask]): nothing of it can log
+    dask.config.set({"logging": quiet})
 
 
 def _log_seqio_location(version_dir: str, quiet: bool) -> None:

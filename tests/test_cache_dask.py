@@ -229,6 +229,31 @@ def test_a_task_that_kills_every_worker_it_runs_on_fails_the_job_in_one_line(clu
     assert not (tmp_path / "kills_its_worker" / "CURRENT").exists()
 
 
+def test_a_scheduler_that_dies_mid_job_fails_it_in_one_line_and_nothing_is_committed(tmp_path):
+    _require_dask()
+    output = tmp_path / "out"
+    with dask_cluster(1, tmp_path / "cluster") as doomed:
+        # The client gives up on a lost scheduler after Dask's connect timeout (30 s; 5 here).
+        env = dict(os.environ, DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="5")
+        job = subprocess.Popen([sys.executable, "-m", "taskdata", "cache", "--task", "drill_docs", "--module",
+                                "deploy.fault_drills._tasks", "--output", str(output), "--num-shards", "3", "--quiet",
+                                "--", *dask_args(doomed)],
+                               env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        # Once the first of its 10 source shards is done, the job's tasks are on the cluster.
+        while not list(output.glob("drill_docs/v*/_tmp/results/sources/*.json")):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.02)
+        doomed.processes[0].kill()  # the scheduler
+        _, stderr = job.communicate(timeout=300)
+    errors = [line for line in stderr.splitlines() if line.startswith("taskdata cache: error: ")]
+    assert job.returncode == 3 and len(errors) == 1 and "Traceback" not in stderr, stderr
+    assert errors[0].startswith("taskdata cache: error: Cache build of task 'drill_docs' failed in the Beam pipeline: "
+                                "The Dask cluster lost the job: its result is cancelled, not finished. Did the "
+                                f"scheduler at {doomed.address} stop?"), errors[0]
+    assert not list(output.rglob("COMPLETED")) and not (output / "drill_docs" / "CURRENT").exists()
+
+
 def test_the_fault_runner_finds_the_dask_drills():
     from deploy import faults
 

@@ -91,6 +91,13 @@ def run_to_end(pipeline: beam.Pipeline, options: PipelineOptions) -> None:
     finished = False
     try:
         result.wait_until_finish()
+        # A client that lost its scheduler cancels the job's futures, and the wait above then returns as if done.
+        lost = [future.status for future in result.futures if future.status != "finished"]
+        if lost:
+            settings = options.view_as(_dask_options_class())
+            raise ClusterError(
+                f"The Dask cluster lost the job: its result is {lost[0]}, not finished. Did the scheduler at "
+                f"{settings.address or settings.scheduler_file} stop? Its tasks' outputs are not committed; rerun the job.")
         finished = True
     except KilledWorker as e:
         raise ClusterError(f"{e} (Dask gives up on a task after its worker died while running it "
