@@ -97,7 +97,7 @@ def run_to_end(pipeline: beam.Pipeline, options: PipelineOptions) -> None:
             settings = options.view_as(_dask_options_class())
             raise ClusterError(
                 f"The Dask cluster lost the job: its result is {lost[0]}, not finished. Did the scheduler at "
-                f"{settings.address or settings.scheduler_file} stop? Its tasks' outputs are not committed; rerun the job.")
+                f"{settings.address or settings.scheduler_file} stop?")
         finished = True
     except KilledWorker as e:
         raise ClusterError(f"{e} (Dask gives up on a task after its worker died while running it "
