@@ -152,9 +152,8 @@ def temporary_path(path: str, tmp_dir: str | None = None) -> str:
     return f"{folder}/{inner.rsplit('/', 1)[-1]}.tmp-{uuid.uuid4().hex}"
 
 
-def write_atomic(path: str, data: bytes, *, tmp_dir: str | None = None) -> None:
-    """Writes ``data`` so that ``path`` either does not exist or holds all of it (locally: written under
-    ``temporary_path(path, tmp_dir)``, then renamed)."""
+def write_atomic(path: str, data: bytes) -> None:
+    """Writes ``data`` so that ``path`` either does not exist or holds all of it."""
     fs, inner = filesystem(path)
     if is_remote(path):
         # An object store publishes an object only when its upload completes, so a direct write is
@@ -164,7 +163,7 @@ def write_atomic(path: str, data: bytes, *, tmp_dir: str | None = None) -> None:
         return
     parent = inner.rsplit("/", 1)[0]
     fs.makedirs(parent, exist_ok=True)
-    tmp = temporary_path(path, tmp_dir)
+    tmp = temporary_path(path)
     with fs.open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, inner)

@@ -351,15 +351,13 @@ def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: in
             os.remove(tmp)
         raise
     offsets_data = write_offsets(offsets, size, writer.crcs)
-    fs.write_atomic(fs.join(spec.version_dir, offsets_name(split, dest, num_shards)), offsets_data,
-                    tmp_dir=_writing_dir(spec))
+    _write_version_file(spec, fs.join(spec.version_dir, offsets_name(split, dest, num_shards)), offsets_data)
     origins_entry = None
     if origins is not None:
         from taskdata.cache.origins import origins_sidecar
 
         origins_data = origins_sidecar(origins.rows())
-        fs.write_atomic(fs.join(spec.version_dir, origins_name(split, dest, num_shards)), origins_data,
-                        tmp_dir=_writing_dir(spec))
+        _write_version_file(spec, fs.join(spec.version_dir, origins_name(split, dest, num_shards)), origins_data)
         origins_entry = {"file": origins_name(split, dest, num_shards),
                          "sha256": hashlib.sha256(origins_data).hexdigest(), "bytes": len(origins_data)}
     if tmp != inner:
@@ -376,6 +374,20 @@ def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: in
 def _writing_dir(spec: CacheJobSpec) -> str:
     """Where a version's files are written before they are renamed into place (removed with the job's tmp_dir)."""
     return fs.join(spec.tmp_dir, "writing")
+
+
+def _write_version_file(spec: CacheJobSpec, path: str, data: bytes) -> None:
+    """Writes a sidecar of the version as the shard itself is written: locally under ``_writing_dir``, then renamed
+    into place; on an object store in one upload."""
+    if fs.is_remote(path):
+        fs.write_atomic(path, data)
+        return
+    inner = fs.filesystem(path)[1]
+    staged = fs.temporary_path(path, _writing_dir(spec))
+    with open(staged, "wb") as f:
+        f.write(data)
+    os.makedirs(os.path.dirname(inner), exist_ok=True)
+    os.replace(staged, inner)
 
 
 class _HashingFile:
