@@ -43,6 +43,7 @@ class ClusterError(RuntimeError):
 
 def pipeline_options(beam_args: Sequence[str], source_shards: int) -> PipelineOptions:
     """Beam's options for the job from the arguments after ``--``, with ``dask`` resolved to ``DASK_RUNNER``."""
+    _import_beam_quietly()
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
     options = PipelineOptions(list(beam_args))
@@ -164,6 +165,11 @@ def _check_worker(spec: CacheJobSpec, probe: str) -> str:
                                 "cache")
     load_task(spec)
     return socket.gethostname()
+
+
+def _import_beam_quietly() -> None:
+    """The job's first import of Beam, made by the pipeline module, which silences the warning Beam logs then."""
+    from taskdata.beam import pipeline  # noqa: F401
 
 
 def _dask_options_class() -> Any:
