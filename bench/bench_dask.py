@@ -8,7 +8,9 @@ For each corpus size (the built-in C4-format corpus, the recipe and folders of `
 - **2 workers**: ``--direct_running_mode=multi_processing --direct_num_workers=2``;
 - **Dask, 2 workers**: ``--runner=dask`` on a scheduler and 2 single-threaded workers (``deploy/dask_cluster.py``),
   started fresh for the run (not counted in its wall) so that, like DirectRunner's, its workers import Beam and
-  load the task within the job.
+  load the task within the job; the cluster's CPU while idle is measured for 10 s before the job;
+- **Dask, 2 workers, no profiler**: the same with the workers' statistical profiler off
+  (``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False``; by default it samples every worker thread every 10 ms).
 
 Wall, CPU-seconds and sampled peak RSS (every 0.1 s) of the job's process tree plus, for Dask, of the scheduler's,
 nannies' and workers' processes (their CPU from /proc, the difference across the run). The caches of every mode must
@@ -42,7 +44,6 @@ from deploy.dask_cluster import dask_cluster
 from taskdata.tasks import corpus
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
-MODES = ("in-process", "2 workers", "Dask, 2 workers")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -170,21 +171,33 @@ def _stages(stream: list[dict], started: float) -> tuple[list[str], float, float
     return lines, first - started, last - started
 
 
-def run_dask(corpus_dir: str, output: str, vocab: str, work: str) -> dict:
+def run_dask(corpus_dir: str, output: str, vocab: str, work: str, profiler: bool = True) -> dict:
+    """The job on a fresh cluster; also the cluster's CPU while idle (10 s before the job). ``profiler``: the
+    workers' statistical profiler (distributed's default samples every worker thread's stack every 10 ms)."""
     from distributed import Client
 
     env = dict(os.environ, TASKDATA_VOCAB=vocab)
+    if not profiler:
+        env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
     starting = time.monotonic()
     with dask_cluster(2, Path(work), env) as cluster:
         startup = time.monotonic() - starting
+        roots = [p.pid for p in cluster.processes]
         with Client(cluster.address, set_as_default=False) as client:
             client.get_task_stream(start=0, stop=0)  # the scheduler records tasks from here on
+            pids = set().union(*(_tree(p) for p in roots))
+            time.sleep(2)
+            before = _cpu_seconds(pids)
+            time.sleep(10)
+            after = _cpu_seconds(pids)
+            idle = sum(after[p] - before[p] for p in after if p in before) / 10
             wall_started = time.time()
             result = run_job(corpus_dir, output, ["--runner=dask", f"--dask_client_address={cluster.address}"], vocab,
-                             [p.pid for p in cluster.processes])
+                             roots)
             stream = client.get_task_stream(start=wall_started)
     groups, first, last = _stages(stream, wall_started)
-    return {**result, "cluster_startup": startup, "groups": groups, "first_task": first, "last_task": last}
+    return {**result, "cluster_startup": startup, "idle_cpu": idle, "groups": groups, "first_task": first,
+            "last_task": last}
 
 
 def main() -> None:
@@ -207,6 +220,8 @@ def main() -> None:
             "2 workers": run_job(corpus_dir, output, ["--direct_running_mode=multi_processing",
                                                       "--direct_num_workers=2"], vocab, []),
             "Dask, 2 workers": run_dask(corpus_dir, output, vocab, os.path.join(OUT, "dask-workers")),
+            "Dask, 2 workers, no profiler": run_dask(corpus_dir, output, vocab, os.path.join(OUT, "dask-workers"),
+                                                     profiler=False),
         }
         for mode, run in runs.items():
             loads.append(run["load"])
@@ -216,12 +231,14 @@ def main() -> None:
             raise SystemExit(f"the caches of {size} documents differ between modes")
         source_files = len(list(Path(corpus_dir).glob("c4-*.json.gz")))
         lines.append(f"{size:,} train documents ({source_files} source files), {runs['in-process']['examples']:,} "
-                     "examples; the caches of the three modes byte-identical")
+                     "examples; the caches of every mode byte-identical")
         for mode, run in runs.items():
             lines.append(f"{mode}: {run['seconds']:.2f} s wall, {run['cpu']:.2f} CPU-s, peak RSS "
                          f"{run['peak_tree_rss'] / 2**20:,.0f} MB"
-                         + (f" (scheduler, nannies and workers: {run['cluster_cpu']:.2f} CPU-s of it; the cluster "
-                            f"took {run['cluster_startup']:.1f} s to start, before the job)" if "groups" in run else ""))
+                         + (f" (scheduler, nannies and workers: {run['cluster_cpu']:.2f} CPU-s of it, of which "
+                            f"{run['idle_cpu'] * run['seconds']:.2f} at the idle cluster's {run['idle_cpu']:.3f} "
+                            f"CPU-s/s; the cluster took {run['cluster_startup']:.1f} s to start, before the job)"
+                            if "groups" in run else ""))
         dask = runs["Dask, 2 workers"]
         marks = _marks(dask["lines"])
         inproc = _marks(runs["in-process"]["lines"])
