@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from taskdata.cache.verify import verify_version
-from tests.test_cache_job import files_of
+from tests.cache_helpers import files_of
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ import pytest
 
 from taskdata import fs
 from taskdata.cache.lease import VersionLease, last_write, lease_path, remove_abandoned_versions
-from tests.test_cache_job import _Killed, build
+from tests.cache_helpers import Killed, build
 
 
 def _age(folder: Path, seconds: float) -> None:
@@ -27,11 +27,11 @@ def _killed_before_its_manifest(root: Path, monkeypatch, **kwargs) -> Path:
 
     def dying(path, data):
         if path.endswith("/manifest.json"):
-            raise _Killed(path)
+            raise Killed(path)
         write_atomic(path, data)
 
     monkeypatch.setattr(fs, "write_atomic", dying)
-    with pytest.raises(_Killed):
+    with pytest.raises(Killed):
         build(root, force=True, **kwargs)
     monkeypatch.setattr(fs, "write_atomic", write_atomic)
     [incomplete] = [p for p in (root / "toy_det").glob("v*") if not (p / "COMPLETED").exists()]

@@ -10,7 +10,7 @@ import pytest
 from taskdata.cli import main
 from taskdata.index import BatchSchedule, PlanError, Stage, global_batch, parse_stage
 from taskdata.runs import RunStore
-from tests.test_runs import shared_caches
+from tests.run_helpers import shared_caches
 
 
 @pytest.fixture(scope="module")

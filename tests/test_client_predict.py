@@ -19,8 +19,8 @@ from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.evaluation.targets import CacheTargets
 from taskdata.index import BatchSchedule, SkipRange
 from taskdata.runs import RunStore, build_run
+from tests.cache_helpers import build
 from tests.client_helpers import MODEL_ARGS, Trainer, shared_compilation_cache, trainers
-from tests.test_cache_job import build
 from trainer_client.assignments import AssignmentError
 from trainer_client.example.model import ModelConfig, init_params, loss_fn
 from trainer_client.example.predict import (

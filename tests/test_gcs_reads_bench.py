@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from taskdata.cache.reader import CacheReader
-from tests.test_cache_job import build
+from tests.cache_helpers import build
 
 REPO = Path(__file__).resolve().parent.parent
 

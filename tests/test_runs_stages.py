@@ -10,7 +10,7 @@ import pytest
 
 from taskdata.index import BatchSchedule, Stage
 from taskdata.runs import RunError, RunStore, StoredRun
-from tests.test_runs import mix_run, shared_caches
+from tests.run_helpers import mix_run, shared_caches
 
 RATES = {"toy_det": 1, "toy_random": 0, "toy_text": 2}
 

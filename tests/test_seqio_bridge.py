@@ -24,7 +24,7 @@ from taskdata.seqio_bridge import (
     import_seqio,
     seqio_shard_seed,
 )
-from tests.test_cache_job import files_of, records_of
+from tests.cache_helpers import files_of, records_of
 
 seqio = import_seqio()
 import tensorflow as tf  # noqa: E402  (after seqio, which import_seqio prepares)

@@ -17,25 +17,11 @@ from taskdata.define.task import Task
 from taskdata.define.vocab_training import SentencePieceOptions, train_from_task, train_sentencepiece
 from taskdata.define.vocabularies import ByteVocabulary, SentencePieceVocabulary
 from taskdata.sources import FunctionSource, SourceError
+from tests.pydoc_corpus import python_docs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def python_docs(first_topic: int, limit_chars: int = 120_000) -> list[str]:
-    """Paragraphs of Python's bundled reference docs, from the given topic on (a fixed test corpus)."""
-    import pydoc_data.topics
-
-    texts: list[str] = []
-    total = 0
-    for key in sorted(pydoc_data.topics.topics)[first_topic:]:
-        for block in pydoc_data.topics.topics[key].split("\n\n"):
-            paragraph = " ".join(block.split())
-            if len(paragraph) > 40:
-                texts.append(paragraph)
-                total += len(paragraph)
-        if total >= limit_chars:
-            break
-    return texts
 
 
 def test_same_text_and_options_give_byte_identical_models_in_any_process(tmp_path):
@@ -43,7 +29,7 @@ def test_same_text_and_options_give_byte_identical_models_in_any_process(tmp_pat
     second = train_sentencepiece(python_docs(0), 300, str(tmp_path / "b.model"))
     script = textwrap.dedent(
         f"""
-        from tests.test_vocab_training import python_docs
+        from tests.pydoc_corpus import python_docs
         from taskdata.define.vocab_training import train_sentencepiece
         train_sentencepiece(python_docs(0), 300, {str(tmp_path / "c.model")!r})
         """
