@@ -16,6 +16,8 @@ from taskdata.example import decode_example
 from tests.cache_helpers import MODULE, Killed, build, files_of, records_of
 from tests.cache_tasks import FEATURES, EncodeText
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 @pytest.fixture(autouse=True)
 def _worker_import_path(monkeypatch):

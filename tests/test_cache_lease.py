@@ -38,6 +38,7 @@ def _killed_before_its_manifest(root: Path, monkeypatch, **kwargs) -> Path:
     return incomplete
 
 
+@pytest.mark.slow
 def test_the_next_job_removes_abandoned_versions_says_so_and_keeps_live_and_complete_ones(tmp_path, monkeypatch):
     root = tmp_path / "caches"
     complete = Path(build(root, num_shards=2).version_dir)
@@ -78,6 +79,7 @@ def test_a_running_jobs_lease_is_rewritten_until_it_ends(tmp_path):
     assert remove_abandoned_versions(str(tmp_path), 900, print) == []
 
 
+@pytest.mark.slow
 def test_a_job_writing_a_version_for_longer_than_stale_after_keeps_it(tmp_path, monkeypatch):
     # The lease is rewritten every stale_after/10: a slow build is never taken for a dead one.
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parent.parent))

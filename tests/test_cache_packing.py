@@ -25,6 +25,8 @@ from taskdata.example.packing import trim_to_length, unpack_row
 from tests.cache_helpers import build, examples_by_id, files_of, origins, records_of
 from tests.cache_tasks import PACKED_LENGTHS, SEQUENCE_LENGTHS
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 @pytest.fixture(autouse=True)
 def _worker_import_path(monkeypatch):

@@ -12,6 +12,8 @@ from taskdata.index import BatchSchedule, PlanError, Stage, global_batch, parse_
 from taskdata.runs import RunStore
 from tests.run_helpers import shared_caches
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):

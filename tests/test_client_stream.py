@@ -17,6 +17,8 @@ from trainer_client.digest import row_digests
 from trainer_client.local_source import LocalAssignments
 from trainer_client.reading import BatchReader
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 @pytest.fixture(scope="module")
 def caches(tmp_path_factory):

@@ -12,6 +12,8 @@ from taskdata.evaluation import SourceTargets
 from taskdata.evaluation.targets import CacheTargets
 from tests.cache_helpers import build
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 @pytest.fixture(scope="module")
 def cache_root(tmp_path_factory):

@@ -16,6 +16,8 @@ import pytest
 from taskdata.cache.reader import CacheReader
 from tests.cache_helpers import build
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 REPO = Path(__file__).resolve().parent.parent
 
 # In a child process: gcsfs reads GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT on import, and the bench points

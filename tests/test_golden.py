@@ -32,6 +32,8 @@ from taskdata.index import BatchSchedule, RunPlan, TaskCache
 from taskdata.runs import RunStore, StoredRun
 from tests.cache_helpers import build
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 # Changed by issue 21 (cache format taskdata.cache/4): records carry one compact provenance/origin feature
 # instead of seqio-style provenance features, and the manifest lists each split's source files.
 SHARD_SHA256 = {

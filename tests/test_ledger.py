@@ -24,6 +24,8 @@ from taskdata.runs.plot import plot_run
 from taskdata.seeding import format_example_id, parse_example_id
 from tests.run_helpers import mix_run, shared_caches
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 STAGES = (
     Stage(5, {"toy_det": 1, "toy_random": 0, "toy_text": 3}),
     Stage(9, schedule=BatchSchedule.ramp(8, 32, 6, multiple_of=4)),

@@ -44,6 +44,8 @@ from taskdata.index import BatchSchedule, RunPlan, TaskCache
 from taskdata.runs import RunStore, StoredRun, example_ledger, open_views, step_ledger
 from tests.cache_helpers import build, files_of
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 OLD_CACHES = Path(__file__).resolve().parent / "data" / "old_caches" / "format_4_before_origins.tar.gz"
 SHARD = "train.tfrecord-00001-of-00003"
 SIDECAR = f"index/{SHARD}.origins"

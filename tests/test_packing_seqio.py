@@ -18,6 +18,8 @@ from tests.cache_tasks import PACKED_LENGTHS
 seqio = import_seqio()
 import tensorflow as tf  # noqa: E402  (after seqio, which import_seqio prepares)
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 BYTES = {"inputs": seqio.Feature(seqio.ByteVocabulary(extra_ids=125)),
          "targets": seqio.Feature(seqio.ByteVocabulary(extra_ids=125))}
 LAYOUT = [f"{k}{suffix}" for k in PACKED_LENGTHS for suffix in ("", "_segment_ids", "_positions")]

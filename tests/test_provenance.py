@@ -32,6 +32,8 @@ from taskdata.index import BatchSchedule, RunPlan, TaskCache
 from taskdata.runs import LedgerError, example_ledger, open_views, step_ledger
 from tests.cache_helpers import build, records_of
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 OLD_CACHES = Path(__file__).resolve().parent / "data" / "old_caches" / "formats_2_and_3.tar.gz"
 
 

@@ -15,6 +15,8 @@ from taskdata.cache.reader import CacheReader, feature_spec
 from taskdata.cache.tfrecord import CorruptRecordError
 from tests.cache_helpers import build, sequential_records
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -42,6 +42,8 @@ from tests.run_helpers import (
     shared_caches,
 )
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 @pytest.fixture(scope="module")
 def caches(tmp_path_factory) -> Path:

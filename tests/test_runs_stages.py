@@ -12,6 +12,8 @@ from taskdata.index import BatchSchedule, Stage
 from taskdata.runs import RunError, RunStore, StoredRun
 from tests.run_helpers import mix_run, shared_caches
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 RATES = {"toy_det": 1, "toy_random": 0, "toy_text": 2}
 
 

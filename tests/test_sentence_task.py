@@ -45,6 +45,7 @@ def _cache(folder, vocab, task, *extra):
     return current_version(str(root / task))
 
 
+@pytest.mark.slow
 def test_pack_on_the_command_line_stores_the_same_sentences_in_far_fewer_rows(c4_folder, tiny_sp_model, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parent.parent) + os.pathsep
                        + os.environ.get("PYTHONPATH", ""))

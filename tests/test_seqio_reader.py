@@ -21,6 +21,8 @@ from tests.cache_helpers import build, records_of
 seqio = import_seqio()
 import tensorflow as tf  # noqa: E402  (after seqio, which import_seqio prepares)
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 ROOT = Path(__file__).resolve().parent.parent
 BYTES = {"inputs": seqio.Feature(seqio.ByteVocabulary(extra_ids=125)),
          "targets": seqio.Feature(seqio.ByteVocabulary(extra_ids=125))}

@@ -43,6 +43,8 @@ from tests.helpers import metric_samples
 from tests.run_helpers import copy_caches, current_dir, mix_run
 from tests.server_helpers import TOKEN, make_app, server_env
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):

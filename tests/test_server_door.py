@@ -27,6 +27,8 @@ from tests.server_helpers import TOKEN, server_env
 from tests.server_helpers import make_app as service
 from tests.shards_fast_helpers import random_requests
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 AUTH = f"authorization: Bearer {TOKEN}\r\n"
 DATE = re.compile(rb"\r\ndate: [^\r]*\r\n")
 SETTLE_SECONDS = 20.0  # how long a test waits for the app's answers before it fails

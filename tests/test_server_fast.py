@@ -101,6 +101,7 @@ def test_the_door_takes_the_queries_trainers_send_and_leaves_the_rest_to_the_rou
 # --- the same answers, statuses, headers and metrics ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_door_answers_every_request_as_the_whole_app_does(env, monkeypatch):
     door, whole = service(env, token=SecretStr(TOKEN)), service(env, token=SecretStr(TOKEN))
     entered = []  # requests of the door's app that went through FastAPI (the guard, the route)
@@ -138,6 +139,7 @@ def test_the_door_answers_every_request_as_the_whole_app_does(env, monkeypatch):
     assert door_samples["taskdata_http_requests_total"][shards_200] == statuses.count(200)
 
 
+@pytest.mark.slow
 def test_errors_inside_an_answer_go_to_the_apps_handlers_as_from_the_route(env, monkeypatch):
     async def plan_error(state, **fields):
         raise PlanError("No such step in this plan.")
@@ -196,6 +198,7 @@ def counting(monkeypatch) -> dict[str, int]:
     return calls
 
 
+@pytest.mark.slow
 def test_hosts_of_a_step_share_its_index_math_and_lone_requests_compute_their_slice_alone(tables, monkeypatch):
     calls = counting(monkeypatch)
     cache = AnswerCache(0)
@@ -233,6 +236,7 @@ def test_hosts_of_a_step_share_its_index_math_and_lone_requests_compute_their_sl
     assert calls["step_slice"] == 6
 
 
+@pytest.mark.slow
 def test_the_step_caches_are_bounded(tables):
     cache = AnswerCache(5)
     for step in range(3 * assignments._STEPS):

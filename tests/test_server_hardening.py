@@ -24,6 +24,8 @@ from server.main import create_app
 from server.settings import Settings
 from tests.run_helpers import copy_caches, current_dir, make_registry, mix_run, shared_caches
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 TOKEN = "hardening-token-1c9d2e"
 GOOD = {"Authorization": f"Bearer {TOKEN}"}
 RUN = {"name": "r", "mixture": "toy_det", "seed": 0, "schedule": {"start": 4}, "num_data_shards": 1}

@@ -20,6 +20,8 @@ from taskdata.index.columns import column_values
 from taskdata.runs import RunStore
 from tests.run_helpers import copy_caches, make_registry, mix_run
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 TOKEN = "stages-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -22,6 +22,8 @@ from tests.helpers import metric_samples
 from tests.run_helpers import copy_caches, make_registry, mix_run, shared_caches
 from tests.server_helpers import REPO, Server, environment, free_port
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 TOKEN = "uvicorn-token-5e1f0c7a2b"
 WRONG = "wrong-token-77aa31"
 

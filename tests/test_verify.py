@@ -12,6 +12,8 @@ from taskdata.cache.verify import verify_version
 from taskdata.cli import main
 from tests.cache_helpers import build
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):

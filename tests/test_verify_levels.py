@@ -18,6 +18,8 @@ from taskdata.cli import main
 from tests.cache_helpers import build
 from tests.gcs_emulator import gcs_emulator
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam), servers
+
 REPO = Path(__file__).resolve().parent.parent
 SHARD = "train.tfrecord-00001-of-00003"
 

@@ -24,6 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 
+@pytest.mark.slow
 def test_same_text_and_options_give_byte_identical_models_in_any_process(tmp_path):
     first = train_sentencepiece(python_docs(0), 300, str(tmp_path / "a.model"))
     second = train_sentencepiece(python_docs(0), 300, str(tmp_path / "b.model"))
