@@ -223,6 +223,7 @@ def test_cli_caches_a_seqio_mixture_then_plans_serves_and_reads_it(tmp_path):
     assert batch.features["targets"].shape[0] == 4 and len(step.order) == 4
 
 
+@pytest.mark.slow  # seconds
 def test_eval_uses_the_seqio_task_s_postprocessor_and_metric_functions(tmp_path, capsys):
     from taskdata.cli import main
     from taskdata.evaluation import SourceTargets

@@ -74,6 +74,7 @@ def validated(query: bytes) -> dict | None:
         return None
 
 
+@pytest.mark.slow  # seconds
 @settings(max_examples=1500, deadline=None)
 @given(query_strings())
 def test_what_the_door_parses_shards_query_validates_to_the_same_values(query):

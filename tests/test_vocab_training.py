@@ -57,6 +57,7 @@ def test_model_has_t5_special_ids_and_loads_as_a_vocabulary(tmp_path):
     assert ids.min() > 2 and vocabulary.decode(ids) == "The assert statement is a convenient way."
 
 
+@pytest.mark.slow  # seconds
 def test_texts_are_split_into_lines_so_one_multiline_text_equals_its_lines(tmp_path):
     lines = python_docs(0)
     joined = train_sentencepiece(
@@ -129,6 +130,7 @@ def _task() -> Task:
     )
 
 
+@pytest.mark.slow  # seconds
 def test_train_from_task_reads_the_task_source_in_order_up_to_max_docs(tmp_path):
     count = len(python_docs(0))
     from_task = train_from_task(_task(), "train", 300, str(tmp_path / "task.model"), max_docs=count)
