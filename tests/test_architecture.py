@@ -6,6 +6,7 @@
 - The server never builds caches (no ``taskdata.beam``); server and client meet only over HTTP.
 - Only entry points read the environment: ``taskdata.config`` (for them), the CLI, the server's
   settings and the example trainer; and ``taskdata.seqio_bridge.runtime`` sets one variable for seqio.
+- No test module imports another test module (or a conftest): shared builders live in helper modules.
 """
 
 from __future__ import annotations
