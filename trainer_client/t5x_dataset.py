@@ -379,10 +379,10 @@ def _check_caches(
                 longest = (int(manifest.packing["lengths"][name]) if cache_packed and manifest.packing
                            else reader.max_tokens(plan.split, name))
                 if longest > length:
-                    what = "rows are" if cache_packed else "longest example is"
+                    what = "rows of" if cache_packed else "longest example's"
                     raise ValueError(
-                        f"DatasetConfig.task_feature_lengths[{name!r}] = {length}, but task {task!r}'s cached "
-                        f"{name!r} {what} {longest} tokens long. Set it to at least {longest}: taskdata "
+                        f"DatasetConfig.task_feature_lengths[{name!r}] = {length}, but the cached {what} {name!r} "
+                        f"of task {task!r} take {longest} tokens. Set it to at least {longest}: taskdata "
                         "trains every cached token (the cache job trimmed them to the task's lengths)."
                     )
 
