@@ -17,7 +17,7 @@ def import_t5x() -> Any:
     try:
         import t5x
         import t5x.checkpoints
-        import t5x.utils  # noqa: F401  (what the tests use)
+        import t5x.utils
     except ImportError as error:
         message = (f"t5x is not installed ({error}): pip install --no-deps ../shared/vendor/t5x-*.tar.gz "
                    "../shared/vendor/airio-*.tar.gz ../shared/vendor/jestimator-*.tar.gz (as .ci/run does)")

@@ -8,6 +8,7 @@ import functools
 import json
 import logging
 import os
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -119,8 +120,8 @@ def test_t5x_prepares_it_and_both_of_its_checkpointers_save_and_restore_it(root,
 
     # A host that t5x does not restore (not the first of its replica set) starts where the restore puts
     # the others: the data state of model_dir's latest checkpoint.
-    [saved] = [os.path.join(d, f) for d, _, files in os.walk(model_dir) for f in files if f.startswith("train_ds-")]
-    assert json.loads(open(saved).read())["step"] == 5
+    [saved] = [p for p in Path(model_dir).rglob("train_ds-*")]
+    assert json.loads(saved.read_text())["step"] == 5
     unrestored = get_dataset_fn(cfg, 0, 1, model.FEATURE_CONVERTER_CLS, model_dir=model_dir)
     assert unrestored.state().step == 5
     assert all_equal(take(unrestored, 2), want[5:7])

@@ -125,6 +125,8 @@ class T5xDatasetIterator(clu_iterator.DatasetIterator):
         state = _read_state(str(filename))
         if state != self._iterator.state() or self._iterator.delivered:
             self._iterator.restore(state)
+        log.info("taskdata: restored data state step %d (run fingerprint %s) from %s", state.step,
+                 state.fingerprint, filename)
 
     def load(self, filename: Any) -> None:  # clu's older name, which t5x's legacy checkpointer calls
         self.restore(filename)
