@@ -329,6 +329,7 @@ def _converter(feature_converter_cls: Callable[..., Any], cfg: Any, lengths: Map
             "those, or convert this run's batches (trainer_client.DataIterator) with your own code."
         )
     converter: Converter
+    features: tuple[str, ...]
     if kind in ("EncDecFeatureConverter", "PrePackedEncDecFeatureConverter"):
         converter = EncDecFeatures(bos_id=made.bos_id)
         features = converter.TASK_FEATURES
@@ -355,9 +356,9 @@ def _check_caches(
     else:  # the version folders a host reads come with the instructions: those of the first steps
         dirs = {}
         for reads in source.fetch(step, 16, host_slice):
-            for task in reads.tasks:
-                if len(task.cache.uris):
-                    dirs[task.task] = task.cache.uris[0].rsplit("/", 1)[0]
+            for read in reads.tasks:
+                if len(read.cache.uris):
+                    dirs[read.task] = read.cache.uris[0].rsplit("/", 1)[0]
     for task, version_dir in sorted(dirs.items()):
         with CacheReader(version_dir, expected_manifest_sha256=plan.caches[task].fingerprint) as reader:
             manifest = reader.manifest
