@@ -1,7 +1,7 @@
 """Writes requirements.lock: exact versions of everything the image installs, from a tested environment.
 
-The closure of taskdata's runtime dependencies plus the ``client`` (JAX), ``seqio`` and ``plot`` (matplotlib)
-extras, with each package's version as installed in the environment this runs in (the one the test suite passed in), so the image
+The closure of taskdata's runtime dependencies plus the extras the image runs: ``cache`` (Beam), ``server``,
+``client`` (JAX), ``tf``, ``seqio`` and ``plot`` (matplotlib), with each package's version as installed in the environment this runs in (the one the test suite passed in), so the image
 runs what was tested. Test-only tools (pytest, ruff, emulators) are not in it.
 
     python deploy/lock.py            # rewrite requirements.lock
@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCK = os.path.join(ROOT, "requirements.lock")
-IMAGE_EXTRAS = ("client", "seqio", "plot")
+IMAGE_EXTRAS = ("cache", "server", "client", "tf", "seqio", "plot")
 
 
 def declared_requirements() -> list[Requirement]:

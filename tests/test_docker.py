@@ -14,6 +14,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from deploy.lock import IMAGE_EXTRAS
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
@@ -37,7 +39,7 @@ def test_every_declared_runtime_dependency_is_pinned_and_satisfies_its_floor():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pins = _lock()
     extras = project["optional-dependencies"]
-    for spec in project["dependencies"] + extras["client"] + extras["seqio"]:
+    for spec in project["dependencies"] + [r for name in IMAGE_EXTRAS for r in extras[name]]:
         requirement = Requirement(spec)
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} is declared in pyproject.toml but not pinned in requirements.lock"
