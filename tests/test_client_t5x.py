@@ -19,7 +19,7 @@ from taskdata.runs import RunStore
 from tests.client_helpers import LENGTHS, features_equal, serve, shared_root
 from tests.t5x_helpers import import_t5x
 from trainer_client.assignments import HostSlice
-from trainer_client.features import EncDecFeatures
+from trainer_client.features import DecoderFeatures, EncDecFeatures
 from trainer_client.iterator import DataIterator, DataState, ResumeError
 from trainer_client.local_source import LocalAssignments
 from trainer_client.t5x_dataset import get_dataset
@@ -193,3 +193,38 @@ def test_the_config_is_checked_against_the_run_and_its_caches(root, caplog):
         make(config(), 0, 1, enc_dec).close()
     assert "DatasetConfig.seed = 42 is ignored" in caplog.text
     assert "DatasetConfig.shuffle = True is ignored" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def packed_root(tmp_path_factory):
+    """A run of toy_lm: targets packed into rows of 128 (the LM layout), 8 rows a step."""
+    from taskdata.cache.reader import CacheReader
+    from taskdata.index import BatchSchedule, RunPlan, TaskCache
+    from taskdata.runs import StoredRun
+    from tests.test_cache_job import build
+
+    root = str(tmp_path_factory.mktemp("packed_root"))
+    reader = CacheReader(build(root, task="toy_lm", num_shards=2).version_dir)
+    RunStore(root).create(StoredRun(RunPlan(
+        name="lm", mixture="toy_lm", caches={"toy_lm": TaskCache(reader.manifest_sha256, reader.record_counts("train"))},
+        rates=None, seed=3, schedule=BatchSchedule(start=8, end=8), num_data_shards=2)))
+    return root
+
+
+def test_a_decoder_only_model_reads_a_packed_run_as_seqio_s_packed_features(packed_root):
+    cfg = config(mixture_or_task_name="toy_lm", task_feature_lengths={"targets": 128}, batch_size=8, pack=True)
+    made = get_dataset(cfg, 1, 2, seqio.DecoderFeatureConverter, run="lm", cache_root=packed_root)
+    assert {k: v.shape for k, v in made.element_spec.items()} == dict.fromkeys(
+        ["decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights", "decoder_segment_ids",
+         "decoder_positions"], (4, 128))
+    source = LocalAssignments.from_cache_root(RunStore(packed_root).get("lm"), packed_root)
+    with DataIterator(source, {"targets": 128}, host_slice=HostSlice(1, 2), stop_step=3) as it:
+        want = [DecoderFeatures()(batch.features) for batch in it]
+    got = take(made, 3)
+    assert all_equal(got, want)
+    assert max(g["decoder_segment_ids"].max() for g in got) > 1  # rows of several examples
+    made.close()
+    with pytest.raises(ValueError, match="from a cache of packed rows, but t5x asks for unpacked data: set "
+                                         "DatasetConfig.pack = True"):
+        get_dataset(config(mixture_or_task_name="toy_lm", task_feature_lengths={"targets": 128}, batch_size=8),
+                    0, 1, seqio.DecoderFeatureConverter, run="lm", cache_root=packed_root)
