@@ -228,3 +228,22 @@ def test_a_decoder_only_model_reads_a_packed_run_as_seqio_s_packed_features(pack
                                          "DatasetConfig.pack = True"):
         get_dataset(config(mixture_or_task_name="toy_lm", task_feature_lengths={"targets": 128}, batch_size=8),
                     0, 1, seqio.DecoderFeatureConverter, run="lm", cache_root=packed_root)
+
+
+def test_the_readme_s_gin_binds_what_get_dataset_and_dataset_config_take():
+    import inspect
+    import re
+
+    from tests.client_helpers import REPO
+
+    text = (Path(REPO) / "README.md").read_text()
+    section = text[text.index("## Train with t5x\n"):]
+    gin = section[section.index("```\n") + 4: section.index("```", section.index("```\n") + 4)]
+    block = re.search(r"^t5x_dataset\.get_dataset:\n((?:  .*\n)+)", gin, re.M)
+    assert block is not None
+    bound = {line.split("=")[0].strip() for line in block.group(1).splitlines()}
+    assert bound == {"run", "server", "token_file", "model_dir"}
+    assert bound <= set(inspect.signature(get_dataset).parameters)
+    assert "train_script.train.get_dataset_fn = @t5x_dataset.get_dataset" in gin
+    fields = set(utils.DatasetConfig.__dataclass_fields__)
+    assert {m.group(1) for m in re.finditer(r"^train/utils\.DatasetConfig\.(\w+)", gin, re.M)} <= fields
