@@ -123,7 +123,7 @@ class T5xDatasetIterator(clu_iterator.DatasetIterator):
 
     def restore(self, filename: Any) -> None:
         state = _read_state(str(filename))
-        if state != self._iterator.state() or self._iterator.delivered:
+        if state != self._iterator.state():  # else the batches read ahead are already the right ones
             self._iterator.restore(state)
         log.info("taskdata: restored data state step %d (run fingerprint %s) from %s", state.step,
                  state.fingerprint, filename)
