@@ -158,7 +158,7 @@ def test_train_py_killed_after_a_checkpoint_and_restarted_trains_the_run_s_batch
     expected = reference(root, "mix1", range(START, max(line["step"] for line in trained) + 1))
     # Killed, the processes had each taken batches up to where they stopped (JAX dispatches steps ahead).
     shorter = min(len(first[0]), len(first[1]))
-    assert shorter > 5 and first[0][:shorter] == first[1][:shorter]
+    assert shorter >= 5 and first[0][:shorter] == first[1][:shorter]  # at least the checkpoint's 5 batches
     assert [line["step"] for line in first[1]] == list(range(START, START + len(first[1])))
     assert restarted[0] == restarted[1]  # the same rows on both processes of the replica set
     assert [line["step"] for line in restarted[0]] == list(range(START + 5, START + 12))
