@@ -1,10 +1,14 @@
-"""Helpers shared by the index math's tests (not a test module): a cache's shard table held in memory."""
+"""Helpers shared by the index math's tests (not a test module): a cache's shard table held in memory, and
+the chain's references: its links composed one position at a time (the code ``examples_at`` and ``extents``
+ran before they were vectorised)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MemoryTable"]
+from taskdata.index import ExampleRef, Extent, HostAssignment, RunPlan, slice_positions
+
+__all__ = ["MemoryTable", "reference_assign", "reference_examples", "reference_extents"]
 
 
 class MemoryTable:
@@ -30,3 +34,32 @@ class MemoryTable:
             for s, f, c in zip(shards.tolist(), firsts.tolist(), counts.tolist(), strict=True)
         ]
         return np.array([p[0] for p in pairs], np.int64), np.array([p[1] for p in pairs], np.int64)
+
+
+def reference_examples(plan: RunPlan, positions: range) -> tuple[ExampleRef, ...]:
+    out = []
+    for position in positions:
+        task, task_position = plan.mixing.locate(position)
+        layout, name = plan.layouts[task], plan.task_names[task]
+        epoch, index = plan.epoch_order.epoch_and_index(plan.seed, name, layout.num_records, task_position)
+        shard, record = layout.locate(index)
+        out.append(ExampleRef(position, name, epoch, index, shard, record))
+    return tuple(out)
+
+
+def reference_extents(examples: tuple[ExampleRef, ...]) -> tuple[Extent, ...]:
+    out: list[Extent] = []
+    for e in examples:
+        last = out[-1] if out else None
+        if last and (last.task, last.shard, last.first_record + last.count) == (e.task, e.shard, e.record):
+            out[-1] = Extent(last.task, last.shard, last.first_record, last.count + 1)
+        else:
+            out.append(Extent(e.task, e.shard, e.record, 1))
+    return tuple(out)
+
+
+def reference_assign(plan: RunPlan, step: int, data_shard: int, num_data_shards: int) -> HostAssignment:
+    positions = slice_positions(plan, step, data_shard, num_data_shards)
+    skipped = plan.is_skipped(step)
+    examples = () if skipped else reference_examples(plan, positions)
+    return HostAssignment(step, data_shard, num_data_shards, positions, skipped, examples, reference_extents(examples))

@@ -31,7 +31,7 @@ from fastapi.testclient import TestClient
 from server.main import create_app
 from server.settings import Settings
 from taskdata.cache.reader import CacheReader
-from taskdata.index import BatchSchedule, EpochOrder, RunPlan, Stage, TaskCache
+from taskdata.index import BatchSchedule, BlockOrder, RunPlan, Stage, TaskCache
 from taskdata.runs import RunStore, StoredRun
 from tests.test_cache_job import build
 
@@ -103,7 +103,7 @@ def golden(tmp_path_factory):
     store = RunStore(str(root))
     store.create(StoredRun(plan))
     stage = Stage(50, rates={"toy_det": 1, "toy_random": 1}, schedule=BatchSchedule.constant(32))
-    store.create(StoredRun(dataclasses.replace(plan, name="golden_block", epoch_order=EpochOrder.blocks(2), stages=(stage,))))
+    store.create(StoredRun(dataclasses.replace(plan, name="golden_block", epoch_order=BlockOrder(2), stages=(stage,))))
     return root, dirs
 
 

@@ -20,15 +20,15 @@ import json
 import pytest
 
 from taskdata.index import (
+    FEISTEL,
     BatchSchedule,
-    EpochOrder,
+    BlockOrder,
     RunPlan,
     RunTables,
     Stage,
     StepJson,
     TaskCache,
     global_batch,
-    step_reads,
     step_slices,
     to_json,
 )
@@ -39,7 +39,7 @@ HOSTS = 4
 
 
 def plan_of(name: str) -> RunPlan:
-    order = EpochOrder() if name == "feistel" else EpochOrder.blocks(3)
+    order = FEISTEL if name == "feistel" else BlockOrder(3)
     stages = (
         (Stage(6, rates={"a": 1, "b": 1}), Stage(9, schedule=BatchSchedule.constant(16)))
         if name == "staged"
@@ -72,7 +72,7 @@ def bodies(plan: RunPlan, encoding: str) -> bytes:
     for step in STEPS:
         slices = step_slices(tables, step, HOSTS)
         for host in range(HOSTS):
-            body = to_json(step_reads(tables, step, host, HOSTS), encoding)
+            body = to_json(step_slices(tables, step, HOSTS, only=host)[0], encoding)
             assert StepJson(slices, encoding)[host] == body
             out.append(body)
     return b"\n".join(out)

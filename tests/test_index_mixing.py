@@ -144,3 +144,30 @@ def test_the_interleaving_repeats_every_sum_of_weights(weights: list[int], lap: 
     for p in (0, 1, total // 2, total - 1):
         task, position = mixing.locate(p)
         assert mixing.locate(p + lap * total) == (task, position + lap * mixing.weights[task])
+
+
+range_weights = st.one_of(st.integers(1, 20), st.sampled_from([999, 10**6, 10**12, 10**18]), st.integers(1, 10**9))
+starts = st.one_of(
+    st.integers(0, 10**6),
+    st.integers(0, 10**15),
+    st.integers(2**62, 2**63 + 2**20),  # int64 positions near their limit, and Python ints past it
+)
+
+
+@given(weights=st.lists(range_weights, min_size=1, max_size=6), start=starts, length=st.integers(0, 400))
+@settings(max_examples=200, deadline=None)
+def test_locate_range_equals_locate(weights: list[int], start: int, length: int) -> None:
+    mixing = Mixing.from_rates(weights)
+    tasks, task_positions = mixing.locate_range(start, start + length)
+    assert tasks.dtype == np.int64
+    assert list(zip(tasks.tolist(), task_positions.tolist(), strict=True)) == [
+        mixing.locate(p) for p in range(start, start + length)
+    ]
+
+
+@pytest.mark.parametrize("method", ["locate_range", "tasks_in_range"])
+def test_locate_range_checks_its_bounds(method: str) -> None:
+    with pytest.raises(PlanError, match="A position range must have start <= stop but got start=5, stop=4"):
+        getattr(Mixing((1, 2)), method)(5, 4)
+    with pytest.raises(PlanError, match="A stream position must be an integer >= 0 but got -1"):
+        getattr(Mixing((1, 2)), method)(-1, 4)

@@ -32,18 +32,21 @@ from taskdata.index import (
     TaskCache,
     TaskReads,
     assign,
+    chain,
     from_json,
-    host_reads,
     host_slice_for,
-    reads_json,
-    step_reads,
-    step_slice,
+    step_json,
     step_slices,
     to_json,
 )
 from tests.index_helpers import MemoryTable
 
 ENCODINGS = ("ints", "base64", "compact")
+
+
+def step_reads(tables: RunTables, step: int, index: int, count: int) -> StepReads:
+    """Host slice ``index`` of ``count`` at ``step``, computed alone."""
+    return step_slices(tables, step, count, only=index)[0]
 
 
 def make_plan(counts: dict[str, tuple[int, ...]], rates, seed=3, schedule=None, data_shards=4, skip=()):
@@ -151,7 +154,7 @@ def test_the_reads_of_a_host_slice_are_one_value_however_they_are_made(case, cou
         assert checked(reads) == reads  # the index math's values pass every check
         assert reads == reads_from_assign(tables, step, index, count)
         assert whole[index] == reads
-        alone = step_slice(tables, step, index, count)
+        alone = step_slices(tables, step, count, only=index)
         assert len(alone) == 1 and alone[0] == reads
         for encoding in ENCODINGS:
             body = to_json(reads, encoding)
@@ -171,7 +174,7 @@ def test_the_scalar_chain_gives_the_arrays_reads(case, count):
     plan, step = case
     tables = tables_of(plan)
     arrays = [step_slices(tables, step, count)[i] for i in range(count)]
-    with mock.patch.object(host_reads, "fits_int64", lambda plan, positions: False):
+    with mock.patch.object(chain, "fits_int64", lambda plan, positions: False):
         scalar = step_slices(tables, step, count)
         assert [scalar[i] for i in range(count)] == arrays
         assert [step_reads(tables, step, i, count) for i in range(count)] == arrays
@@ -218,7 +221,7 @@ def test_step_json_writes_base64_from_the_step_without_cutting_its_slices(count)
         expected = [to_json(step_slices(tables, step, count)[index], "base64") for index in range(count)]
         whole = step_slices(tables, step, count)
         with mock.patch.object(StepSlices, "__getitem__", side_effect=AssertionError("a slice was cut")), \
-                mock.patch.object(reads_json, "to_json", side_effect=AssertionError("to_json was called")):  # fmt: skip
+                mock.patch.object(step_json, "to_json", side_effect=AssertionError("to_json was called")):  # fmt: skip
             assert [StepJson(whole, "base64")[index] for index in range(count)] == expected
 
 

@@ -7,7 +7,7 @@ count[i])`` of shard ``shard[i]``, ``byte_length[i]`` bytes at ``byte_offset[i]`
 task's examples are its reads' records, consumed in order; ``order`` says, example by example, which
 task the next one comes from.
 
-``taskdata.index.host_reads`` computes these values, ``taskdata.index.reads_json`` writes and reads
+``taskdata.index.host_slices`` computes these values, ``taskdata.index.step_json`` writes and reads
 them as ``/shards`` JSON; the server and every client source hold this one value.
 """
 
