@@ -6,9 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from taskdata.index import ExampleRef, Extent, HostAssignment, RunPlan, slice_positions
+from taskdata.index import ExampleRef, Extent, HostAssignment, RunPlan, example_arrays, slice_positions
+from taskdata.index.chain import task_extents
 
-__all__ = ["MemoryTable", "reference_assign", "reference_examples", "reference_extents"]
+__all__ = [
+    "MemoryTable",
+    "assert_task_extents_equal_example_arrays",
+    "reference_assign",
+    "reference_examples",
+    "reference_extents",
+]
 
 
 class MemoryTable:
@@ -63,3 +70,19 @@ def reference_assign(plan: RunPlan, step: int, data_shard: int, num_data_shards:
     skipped = plan.is_skipped(step)
     examples = () if skipped else reference_examples(plan, positions)
     return HostAssignment(step, data_shard, num_data_shards, positions, skipped, examples, reference_extents(examples))
+
+
+def assert_task_extents_equal_example_arrays(plan: RunPlan, positions: range, parts: int) -> None:
+    """The extents of every (task, slice) are ``cut(slice).extents(task)`` of ``example_arrays``."""
+    arrays = example_arrays(plan, positions)
+    bounds, shards, firsts, counts, tasks = task_extents(plan, positions, parts)
+    assert tasks.tolist() == arrays.tasks.tolist()
+    size = len(positions) // parts
+    num_tasks = len(plan.task_names)
+    assert len(bounds) == num_tasks * parts + 1 and bounds[-1] == len(shards)
+    for task in range(num_tasks):
+        for p in range(parts):
+            a, b = bounds[task * parts + p], bounds[task * parts + p + 1]
+            alone = arrays.cut(p * size, (p + 1) * size).extents(task)[1:]
+            got = (shards[a:b], firsts[a:b], counts[a:b])
+            assert [x.tolist() for x in got] == [x.tolist() for x in alone], (parts, p, task)

@@ -37,7 +37,12 @@ from taskdata.index import (
     global_batch,
 )
 from taskdata.index.chain import task_extents
-from tests.index_helpers import reference_assign, reference_examples, reference_extents
+from tests.index_helpers import (
+    assert_task_extents_equal_example_arrays,
+    reference_assign,
+    reference_examples,
+    reference_extents,
+)
 
 
 def make_plan(caches: dict[str, tuple[int, ...]], **overrides: Any) -> RunPlan:
@@ -135,22 +140,6 @@ def test_per_task_extents_equal_the_extents_of_each_task_alone(plan: RunPlan, st
     part = arrays.cut(third, len(arrays) - third)
     assert part.positions == range(positions.start + third, positions.stop - third)
     assert part.records.tolist() == arrays.records[third : len(arrays) - third].tolist()
-
-
-def assert_task_extents_equal_example_arrays(plan: RunPlan, positions: range, parts: int) -> None:
-    """The extents of every (task, slice) are ``cut(slice).extents(task)`` of ``example_arrays``."""
-    arrays = example_arrays(plan, positions)
-    bounds, shards, firsts, counts, tasks = task_extents(plan, positions, parts)
-    assert tasks.tolist() == arrays.tasks.tolist()
-    size = len(positions) // parts
-    num_tasks = len(plan.task_names)
-    assert len(bounds) == num_tasks * parts + 1 and bounds[-1] == len(shards)
-    for task in range(num_tasks):
-        for p in range(parts):
-            a, b = bounds[task * parts + p], bounds[task * parts + p + 1]
-            alone = arrays.cut(p * size, (p + 1) * size).extents(task)[1:]
-            got = (shards[a:b], firsts[a:b], counts[a:b])
-            assert [x.tolist() for x in got] == [x.tolist() for x in alone], (parts, p, task)
 
 
 @given(plan=plans(), step=steps)

@@ -8,8 +8,9 @@ both O(1) and keyed by (seed, task, epoch) only, so nothing depends on hosts, st
 has gone. Besides that, an order computes many lookups at once (``apply``, numpy) and states how many
 ranged reads a stretch of a task's stream can need (``reads_bound``).
 
-Implement those four methods (and ``describe``) in a new module and register the class in
-``taskdata.index.orders``: the chain, the plan's JSON and the CLI find it there.
+A new order is a frozen dataclass subclass in a module of its own, implementing ``make_permutation``,
+``apply``, ``reads_bound`` and ``describe``, and registered in ``taskdata.index.orders.ORDERS``: the chain,
+the plan's JSON and ``taskdata plan --epoch-order`` find it there.
 """
 
 from __future__ import annotations
