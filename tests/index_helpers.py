@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from taskdata.index import ExampleRef, Extent, HostAssignment, RunPlan, example_arrays, slice_positions
+from taskdata.index import (
+    ExampleRef,
+    Extent,
+    HostAssignment,
+    RunPlan,
+    StepReads,
+    example_arrays,
+    slice_positions,
+)
 from taskdata.index.chain import task_extents
 
 __all__ = [
     "MemoryTable",
     "assert_task_extents_equal_example_arrays",
+    "examples",
     "reference_assign",
     "reference_examples",
     "reference_extents",
@@ -86,3 +95,9 @@ def assert_task_extents_equal_example_arrays(plan: RunPlan, positions: range, pa
             alone = arrays.cut(p * size, (p + 1) * size).extents(task)[1:]
             got = (shards[a:b], firsts[a:b], counts[a:b])
             assert [x.tolist() for x in got] == [x.tolist() for x in alone], (parts, p, task)
+
+
+def examples(reads: StepReads) -> list[tuple[str, int, int]]:
+    """(task, shard, record) of every example of a slice, in order."""
+    queues = [iter(zip(*task.records(), strict=True)) for task in reads.tasks]
+    return [(reads.tasks[t].task, *map(int, next(queues[t]))) for t in reads.order.tolist()]

@@ -11,7 +11,7 @@ from taskdata.index import assign, to_json
 from taskdata.index.columns import base64_int64
 from taskdata.runs import RunStore
 from tests.client_helpers import serve, shared_root
-from tests.test_index_reads import examples
+from tests.index_helpers import examples
 from trainer_client.assignments import AssignmentError, HostSlice
 from trainer_client.local_source import LocalAssignments
 from trainer_client.server_source import ServerAssignments

@@ -39,7 +39,7 @@ from taskdata.index import (
     step_slices,
     to_json,
 )
-from tests.index_helpers import MemoryTable
+from tests.index_helpers import MemoryTable, examples
 
 ENCODINGS = ("ints", "base64", "compact")
 
@@ -94,12 +94,6 @@ def reads_from_assign(tables: RunTables, step: int, index: int, count: int) -> S
         tasks=tuple(tasks),
         order=np.array([names.index(e.task) for e in assignment.examples], np.int64),
     )
-
-
-def examples(reads: StepReads) -> list[tuple[str, int, int]]:
-    """(task, shard, record) of every example of a slice, in order."""
-    queues = [iter(zip(*task.records(), strict=True)) for task in reads.tasks]
-    return [(reads.tasks[t].task, *map(int, next(queues[t]))) for t in reads.order.tolist()]
 
 
 def checked(reads: StepReads) -> StepReads:

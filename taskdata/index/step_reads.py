@@ -1,9 +1,10 @@
 """The reads of one step for one host slice: a frozen, column-based value that checks itself.
 
 A host slice is a contiguous range of a step's positions (one data shard, or several consecutive
-ones). Its reads are, per task of the run, ranged reads of consecutive records of one cache shard,
-as int64 columns (``READ_COLUMNS``): read ``i`` is records ``[first_record[i], first_record[i] +
-count[i])`` of shard ``shard[i]``, ``byte_length[i]`` bytes at ``byte_offset[i]`` of its file. A
+ones). Its reads are, per task of the run, its extents (consecutive records of one cache shard, one
+ranged read each), as int64 columns (``READ_COLUMNS``): read ``i`` is records ``[first_record[i],
+first_record[i] + count[i])`` of shard ``shard[i]``, ``byte_length[i]`` bytes at ``byte_offset[i]`` of
+its file. A
 task's examples are its reads' records, consumed in order; ``order`` says, example by example, which
 task the next one comes from.
 
