@@ -20,10 +20,10 @@ epoch's record indices are one ``arange``, and every epoch past 0 of every task 
 ``EpochOrder.apply`` call; then one ``ShardFinder.find`` over every shard of every task.
 ``example_arrays`` puts the results back in position order; ``task_extents`` cuts them into extents.
 
-An *extent* is a run of consecutive records of one cache shard, read with one ranged read: what a
-reader needs. Under the per-record order, neighbouring positions of a task in a later epoch are not
-neighbouring records, so those extents are mostly of one record; epoch 0 reads long extents, and so do
-later epochs under the block order.
+An *extent* is consecutive records of one cache shard (a first record and a count), read with one
+ranged read: what a reader needs. Under the per-record order, neighbouring positions of a task in a
+later epoch are not neighbouring records, so those extents are mostly of one record; epoch 0 reads long
+extents, and so do later epochs under the block order.
 """
 
 from __future__ import annotations

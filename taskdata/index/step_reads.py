@@ -170,7 +170,7 @@ def _name_pattern(files: CacheFiles) -> tuple[str, int, str]:
     if not files._dense or not len(files.uris):
         raise ReadsError(f"Task {files.task!r}: only a table of every shard of a cache names its files by a pattern.")
     first = files.uris[0]
-    # The number of shard 0 is a run of zeros: try each from the right (the shard count comes after it).
+    # The number of shard 0 is zeros only: try each such stretch from the right (the shard count comes after it).
     end = len(first)
     while (end := first.rfind("0", 0, end)) >= 0:
         start = end
