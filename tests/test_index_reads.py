@@ -74,17 +74,17 @@ def reads_from_assign(tables: RunTables, step: int, index: int, count: int) -> S
     names = list(plan.task_names)
     tasks = []
     for t, name in enumerate(names):
-        runs: list[list[int]] = []
+        extents: list[list[int]] = []
         for e in assignment.examples:
             if e.task != name:
                 continue
-            if runs and runs[-1][0] == e.shard and runs[-1][1] + runs[-1][2] == e.record:
-                runs[-1][2] += 1
+            if extents and extents[-1][0] == e.shard and extents[-1][1] + extents[-1][2] == e.record:
+                extents[-1][2] += 1
             else:
-                runs.append([e.shard, e.record, 1])
-        rows = [[s, f, c, *tables.tables[t].byte_range(s, f, c)] for s, f, c in runs]
+                extents.append([e.shard, e.record, 1])
+        rows = [[s, f, c, *tables.tables[t].byte_range(s, f, c)] for s, f, c in extents]
         columns = np.array(rows, np.int64).reshape(-1, len(READ_COLUMNS)).T.copy()
-        files = np.array(sorted({r[0] for r in runs}), np.int64)
+        files = np.array(sorted({r[0] for r in extents}), np.int64)
         tasks.append(TaskReads(tables.files[t], files, columns))
     return StepReads(
         step=step,
