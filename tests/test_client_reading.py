@@ -151,13 +151,13 @@ def test_a_block_order_run_reads_each_read_with_one_request_within_the_stated_bo
     caches = CacheResolver(root).resolve_run(RunStore(root).get("mix4"))
     readers = {c.task: CacheReader(c.version_dir) for c in caches}
     requests: list[int] = []
-    real_read_runs = reader_module._read_runs
+    real_read_extents = reader_module._read_extents
 
     def counting(source_, path, begins, sizes):
         requests.append(len(begins))
-        return real_read_runs(source_, path, begins, sizes)
+        return real_read_extents(source_, path, begins, sizes)
 
-    monkeypatch.setattr(reader_module, "_read_runs", counting)
+    monkeypatch.setattr(reader_module, "_read_extents", counting)
     bound = reads_bound(plan, 4)
     for step in (0, 30, 333, 10**6):
         for index in range(4):
