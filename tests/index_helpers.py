@@ -21,6 +21,7 @@ __all__ = [
     "MemoryTable",
     "assert_task_extents_equal_example_arrays",
     "examples",
+    "range_task_positions",
     "reference_assign",
     "reference_examples",
     "reference_extents",
@@ -101,3 +102,14 @@ def examples(reads: StepReads) -> list[tuple[str, int, int]]:
     """(task, shard, record) of every example of a slice, in order."""
     queues = [iter(zip(*task.records(), strict=True)) for task in reads.tasks]
     return [(reads.tasks[t].task, *map(int, next(queues[t]))) for t in reads.order.tolist()]
+
+
+def range_task_positions(mixing, start: int, tasks) -> list[int]:
+    """The task position of each position from ``start`` on whose tasks are ``tasks``: within a range each
+    task's positions are consecutive in its own stream from ``counts(start)`` on, as the chain takes them."""
+    taken = list(mixing.counts(start))
+    out = []
+    for t in tasks.tolist():
+        out.append(taken[t])
+        taken[t] += 1
+    return out
