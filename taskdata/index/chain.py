@@ -34,6 +34,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from taskdata.index.errors import PlanError
+from taskdata.index.orders import EpochPermutation
 from taskdata.index.plan import RunPlan
 from taskdata.index.tables import INT64_LIMIT
 
@@ -290,18 +291,23 @@ def _records(
     task by task (task ``t`` holds ``per_task[t]`` of them, in its stream's order): each one's record index
     in its task's cache order, its epoch (None unless ``with_epochs``), its shard and its record there."""
     before = plan.mixing.counts(start)
+    order, seed, names = plan.epoch_order, plan.seed, plan.task_names
     lengths: list[int] = []  # per piece: a task's examples in one epoch
     shifts: list[int] = []  # per piece: its first record index minus its first entry's place
-    permuted: list[tuple[int, int, int]] = []  # (piece, task, epoch) of the pieces past epoch 0
     piece_epochs: list[int] = []
+    permuted: list[int] = []  # the pieces past epoch 0
+    permutations: list[EpochPermutation] = []  # theirs, in the plan's epoch order
     done = 0
     records_per_task = plan.tables.num_records.tolist()
     for task, (first, count, num_records) in enumerate(zip(before, per_task, records_per_task, strict=True)):
+        if not count:
+            continue
         epoch, offset = divmod(first, num_records)
         while count:
             length = min(count, num_records - offset)
             if epoch:
-                permuted.append((len(lengths), task, epoch))
+                permuted.append(len(lengths))
+                permutations.append(order.permutation(seed, names[task], epoch, num_records))
             lengths.append(length)
             shifts.append(offset - done)
             piece_epochs.append(epoch)
@@ -314,7 +320,15 @@ def _records(
     elif lengths:
         indices += np.array(shifts, np.int64).repeat(lengths)
     if permuted:
-        _permute(plan, indices, lengths, permuted)
+        # Every piece past epoch 0 through its permutation, in one call.
+        which = np.arange(len(permuted), dtype=np.int64).repeat([lengths[piece] for piece in permuted])
+        if len(permuted) == len(lengths):
+            indices = order.apply(permutations, which, indices)
+        else:
+            mine = np.zeros(len(lengths), bool)
+            mine[permuted] = True
+            where = mine.repeat(lengths).nonzero()[0]
+            indices[where] = order.apply(permutations, which, indices[where])
     epochs = np.array(piece_epochs, np.int64).repeat(lengths) if with_epochs else None
     tables = plan.tables
     task_of = np.arange(len(per_task), dtype=np.int64).repeat(per_task)
@@ -323,20 +337,3 @@ def _records(
     global_indices -= tables.shard_starts[global_shards]  # records within their shards now
     global_shards -= tables.shard_base[task_of]
     return indices, epochs, global_shards, global_indices
-
-
-def _permute(plan: RunPlan, indices: np.ndarray, lengths: list[int], permuted: list[tuple[int, int, int]]) -> None:
-    """Record indices of the pieces past epoch 0, in place: each (task, epoch)'s permutation (the plan's
-    epoch order) of the offsets within the epoch that ``indices`` hold there, in one ``apply``."""
-    order, names, layouts = plan.epoch_order, plan.task_names, plan.layouts
-    permutations = [order.permutation(plan.seed, names[t], epoch, layouts[t].num_records) for _, t, epoch in permuted]
-    pieces = [piece for piece, _, _ in permuted]
-    piece_lengths = [lengths[piece] for piece in pieces]
-    which = np.arange(len(pieces), dtype=np.int64).repeat(piece_lengths)
-    if len(permuted) == len(lengths):
-        indices[:] = order.apply(permutations, which, indices)
-        return
-    mine = np.zeros(len(lengths), bool)
-    mine[pieces] = True
-    where = mine.repeat(lengths).nonzero()[0]
-    indices[where] = order.apply(permutations, which, indices[where])

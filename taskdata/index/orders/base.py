@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -70,9 +70,21 @@ class EpochOrder(abc.ABC):
 
     def permutation(self, seed: int, task: str, epoch: int, size: int) -> EpochPermutation:
         """``make_permutation``, checked, and kept for the most recent (seed, task, epoch, size)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
-            raise PlanError(f"Only epochs >= 1 are permuted (epoch 0 is stored order) but got epoch {epoch!r}.")
-        return _permutation(self, seed, task, epoch, size)
+        return self._permutations(seed, task, epoch, size)
+
+    @functools.cached_property
+    def _permutations(self) -> Callable[[int, str, int, int], EpochPermutation]:
+        """This order's ``permutation``, remembered: a batch touches few (task, epoch) pairs, and deriving a
+        key costs a keyed hash. One cache per order object, keyed without the order (hashing a dataclass
+        costs a Python call)."""
+
+        @functools.lru_cache(maxsize=4096)
+        def permutation(seed: int, task: str, epoch: int, size: int) -> EpochPermutation:
+            if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
+                raise PlanError(f"Only epochs >= 1 are permuted (epoch 0 is stored order) but got epoch {epoch!r}.")
+            return self.make_permutation(seed, task, epoch, size)
+
+        return permutation
 
     def epoch_and_index(self, seed: int, task: str, num_records: int, task_position: int) -> tuple[int, int]:
         """Position in ``task``'s stream -> (epoch, record index in the task's cache order)."""
@@ -126,12 +138,6 @@ class EpochOrder(abc.ABC):
         """The plan's JSON of this order: its kind and its options."""
         assert dataclasses.is_dataclass(self)
         return {"kind": self.kind, **dataclasses.asdict(self)}
-
-
-# A batch touches few (task, epoch) pairs, and deriving a key costs a keyed hash: remember recent ones.
-@functools.lru_cache(maxsize=4096)
-def _permutation(order: EpochOrder, seed: int, task: str, epoch: int, size: int) -> EpochPermutation:
-    return order.make_permutation(seed, task, epoch, size)
 
 
 def check_size(value: object, what: str) -> None:
