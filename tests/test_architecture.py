@@ -6,6 +6,7 @@
 - The server never builds caches (no ``taskdata.beam``); server and client meet only over HTTP.
 - Only entry points read the environment: ``taskdata.config`` (for them), the CLI, the server's
   settings and the example trainer; and ``taskdata.seqio_bridge.runtime`` sets one variable for seqio.
+- No test module imports another test module (or a conftest): shared builders live in helper modules.
 """
 
 from __future__ import annotations
@@ -159,3 +160,48 @@ def test_only_the_seqio_bridge_imports_seqio_and_only_through_import_seqio():
     importers = {name for name, path in MODULES.items()
                  if any(m == "seqio" or m.startswith("seqio.") for m in _imports(name, path))}
     assert importers == {"taskdata.seqio_bridge.runtime"}
+
+
+# --- The tests themselves -------------------------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+
+
+def _test_modules_imported(source: str, package: str = "tests") -> list[str]:
+    """The test modules (``tests.test_*``) and conftests that ``source``, a module of ``tests``, imports."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = package if node.level else (node.module or "")
+            if node.level and node.module:
+                module = f"{package}.{node.module}"
+            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if len(parts) > 1 and parts[0] == package and parts[1].startswith(("test_", "conftest")):
+                found.append(f"{package}.{parts[1]}")
+    return sorted(set(found))
+
+
+def test_no_test_module_imports_another_test_module():
+    # Shared builders and fixtures live in tests/conftest.py or in helper modules (tests/cache_helpers.py,
+    # tests/run_helpers.py...): importing a test module collects its tests and fixtures a second time.
+    offenders = {str(path.relative_to(ROOT)): hits for path in sorted(TESTS.rglob("*.py"))
+                 if (hits := _test_modules_imported(path.read_text()))}
+    assert offenders == {}, (
+        f"{offenders}: move what they share into tests/conftest.py (fixtures) or a helper module under tests/ "
+        "whose name does not start with test_")
+
+
+def test_the_test_import_finder_finds_every_form():  # the negative control of the test above
+    assert _test_modules_imported("from tests.test_cache_job import build") == ["tests.test_cache_job"]
+    assert _test_modules_imported("from tests import test_sentence_task, helpers") == ["tests.test_sentence_task"]
+    assert _test_modules_imported("import tests.test_runs as runs") == ["tests.test_runs"]
+    assert _test_modules_imported("from .test_server import TOKEN") == ["tests.test_server"]
+    assert _test_modules_imported("from . import test_server") == ["tests.test_server"]
+    assert _test_modules_imported("def f():\n    from tests.conftest import x") == ["tests.conftest"]
+    assert _test_modules_imported("from tests.cache_helpers import build\nimport testing.test_x") == []

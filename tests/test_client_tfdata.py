@@ -18,6 +18,8 @@ from trainer_client.local_source import LocalAssignments
 from trainer_client.server_source import ServerAssignments
 from trainer_client.tfdata import tf_dataset
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam), subprocesses
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):

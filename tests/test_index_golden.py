@@ -32,7 +32,7 @@ from taskdata.index import (
     step_slices,
     to_json,
 )
-from tests.index_helpers import MemoryTable
+from tests.index_references import MemoryTable
 
 STEPS = (0, 1, *range(5, 13), 10**6, 2**61)
 HOSTS = 4

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taskdata.index import Mixing, PlanError
-from tests.index_helpers import range_task_positions
+from tests.index_references import range_task_positions
 
 # Very unequal weights on purpose: 999:1 is the brief's 0.999/0.001.
 weight = st.one_of(st.integers(1, 20), st.sampled_from([1, 999, 1000, 10**6, 10**12]), st.integers(1, 10**9))

@@ -27,7 +27,7 @@ from taskdata.index import (
     orders,
     reads_bound,
 )
-from tests.index_helpers import assert_task_extents_equal_example_arrays, reference_assign
+from tests.index_references import assert_task_extents_equal_example_arrays, reference_assign
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,7 +39,7 @@ from taskdata.index import (
     step_slices,
     to_json,
 )
-from tests.index_helpers import MemoryTable, examples
+from tests.index_references import MemoryTable, step_examples
 
 ENCODINGS = ("ints", "base64", "compact")
 
@@ -159,7 +159,7 @@ def test_the_reads_of_a_host_slice_are_one_value_however_they_are_made(case, cou
     # A coarser slice reads the union of the finer slices it covers, in order.
     if count > 1:
         coarse = step_reads(tables, step, 0, 1)
-        assert examples(coarse) == [e for index in range(count) for e in examples(whole[index])]
+        assert step_examples(coarse) == [e for index in range(count) for e in step_examples(whole[index])]
 
 
 @settings(max_examples=60, deadline=None)

@@ -30,7 +30,7 @@ from taskdata.index import (
     global_batch,
     locate_example,
 )
-from tests.index_helpers import range_task_positions, reference_assign, reference_examples
+from tests.index_references import range_task_positions, reference_assign, reference_examples
 
 D = 2  # data shards of every drawn plan
 

@@ -1,17 +1,29 @@
-"""Helpers shared by the index math's tests (not a test module): a cache's shard table held in memory, and
-the chain's references: its links composed one position at a time (the code ``examples_at`` and ``extents``
-ran before they were vectorised)."""
+"""The index math's references and drawn plans, shared by the index tests (not a test module).
+
+``reference_examples`` and ``reference_assign`` compose the links of the chain one position at a time, the
+way the code ran before it was vectorised: a property that compares them with the array code compares two
+implementations. Also a cache's shard table held in memory (``MemoryTable``) and helpers that read a step's
+reads back as examples.
+"""
 
 from __future__ import annotations
 
+from fractions import Fraction
+from typing import Any
+
 import numpy as np
+from hypothesis import strategies as st
 
 from taskdata.index import (
+    BatchSchedule,
+    BlockOrder,
     ExampleRef,
     Extent,
     HostAssignment,
     RunPlan,
+    SkipRange,
     StepReads,
+    TaskCache,
     example_arrays,
     slice_positions,
 )
@@ -20,11 +32,16 @@ from taskdata.index.chain import task_extents
 __all__ = [
     "MemoryTable",
     "assert_task_extents_equal_example_arrays",
-    "examples",
+    "make_plan",
+    "plans",
     "range_task_positions",
+    "rate",
     "reference_assign",
     "reference_examples",
     "reference_extents",
+    "shard_size",
+    "step_examples",
+    "steps",
 ]
 
 
@@ -98,7 +115,7 @@ def assert_task_extents_equal_example_arrays(plan: RunPlan, positions: range, pa
             assert [x.tolist() for x in got] == [x.tolist() for x in alone], (parts, p, task)
 
 
-def examples(reads: StepReads) -> list[tuple[str, int, int]]:
+def step_examples(reads: StepReads) -> list[tuple[str, int, int]]:
     """(task, shard, record) of every example of a slice, in order."""
     queues = [iter(zip(*task.records(), strict=True)) for task in reads.tasks]
     return [(reads.tasks[t].task, *map(int, next(queues[t]))) for t in reads.order.tolist()]
@@ -113,3 +130,57 @@ def range_task_positions(mixing, start: int, tasks) -> list[int]:
         out.append(taken[t])
         taken[t] += 1
     return out
+
+
+def make_plan(caches: dict[str, tuple[int, ...]], **overrides: Any) -> RunPlan:
+    fields: dict[str, Any] = {
+        "name": "arrays",
+        "mixture": "mix",
+        "caches": {name: TaskCache(f"fp_{name}", counts) for name, counts in caches.items()},
+        "rates": None if len(caches) == 1 else {name: i + 1 for i, name in enumerate(caches)},
+        "seed": 5,
+        "schedule": BatchSchedule.constant(64),
+        "num_data_shards": 8,
+    }
+    fields.update(overrides)
+    return RunPlan(**fields)
+
+
+# Shard sizes from empty to huge: tiny tasks run through many epochs per step, huge ones never leave epoch 0
+# (at 10**12 records per shard), and 2**40 gives permutations of 41-bit sizes when it is reached.
+shard_size = st.one_of(
+    st.integers(0, 6), st.integers(0, 3000), st.sampled_from([10**5 + 3, 2**20, 2**40, 10**12])
+)
+rate = st.one_of(st.integers(1, 12), st.sampled_from([Fraction(1, 1000), 999, Fraction(7, 3), 10**9]))
+
+
+@st.composite
+def plans(draw: st.DrawFn) -> RunPlan:
+    num_tasks = draw(st.integers(1, 6))
+    caches = {}
+    for i in range(num_tasks):
+        counts = draw(st.lists(shard_size, min_size=1, max_size=6).filter(lambda c: sum(c) > 0))
+        caches[f"task_{i}"] = TaskCache(f"fp_{i}", tuple(counts))
+    rates = {name: draw(rate) for name in caches} if num_tasks > 1 or draw(st.booleans()) else None
+    unit = draw(st.sampled_from([8, 16, 24]))
+    if draw(st.booleans()):
+        schedule = BatchSchedule.constant(unit * draw(st.integers(1, 8)))
+    else:
+        low, high = sorted(draw(st.lists(st.integers(1, 12), min_size=2, max_size=2)))
+        schedule = BatchSchedule.ramp(unit * low, unit * high, draw(st.integers(1, 10**6)), multiple_of=unit)
+    skips = draw(st.lists(st.tuples(st.integers(0, 10**9), st.integers(1, 10**6)), max_size=3))
+    order = draw(st.sampled_from([None, 1, 3, 64]))
+    return RunPlan(
+        name="drawn",
+        mixture="drawn_mix",
+        caches=caches,
+        rates=rates,
+        seed=draw(st.integers(0, 2**63 - 1)),
+        schedule=schedule,
+        num_data_shards=8,
+        skip=tuple(SkipRange(start, start + length) for start, length in skips),
+        **({} if order is None else {"epoch_order": BlockOrder(order)}),
+    )
+
+
+steps = st.one_of(st.integers(0, 60), st.integers(0, 10**9))
