@@ -247,7 +247,7 @@ def test_resolver_loads_offsets_that_locate_every_read(caches):
             assert list(cache.offsets[shard]) == list(expected) and Path(uri).exists()
     for step in range(3):
         assignment = assign(run.plan, step, 1)
-        for read in assignment.runs:
+        for read in assignment.extents:
             cache = resolved[run.plan.task_index(read.task)]
             offset, length = cache.byte_range(read.shard, read.first_record, read.count)
             with open(cache.shard_uris[read.shard], "rb") as f:
@@ -318,7 +318,7 @@ def test_resolved_cache_checks_its_tables(caches):
 
 def test_plan_command_stores_the_block_epoch_order_and_states_its_reads_bound(caches, tmp_path, capsys):
     from taskdata.cli import main
-    from taskdata.index import EpochOrder, reads_bound
+    from taskdata.index import BlockOrder, reads_bound
 
     root = tmp_path / "root"
     shutil.copytree(caches, root)
@@ -327,12 +327,12 @@ def test_plan_command_stores_the_block_epoch_order_and_states_its_reads_bound(ca
     assert main([*argv, "--name", "blocks", "--epoch-order", "block", "--block-size", "4"]) == 0
     out = capsys.readouterr().out
     plan = RunStore(str(root)).get("blocks").plan
-    assert plan.epoch_order == EpochOrder.blocks(4)
+    assert plan.epoch_order == BlockOrder(4)
     assert f"at most {reads_bound(plan, 8)} ranged reads per data shard (8 examples)" in out
     assert main([*argv, "--name", "records"]) == 0
     default = RunStore(str(root)).get("records").plan
     assert "epoch_order" not in default.to_dict() and default.fingerprint() != plan.fingerprint()
     assert main([*argv, "--name", "x", "--epoch-order", "block"]) == 2
-    assert "--epoch-order block needs --block-size N" in capsys.readouterr().err
+    assert "--epoch-order block: The block epoch order takes the options ['block_size'] but got none" in capsys.readouterr().err
     assert main([*argv, "--name", "x", "--block-size", "4"]) == 2
-    assert "applies to --epoch-order block only" in capsys.readouterr().err
+    assert "--epoch-order feistel: The feistel epoch order takes no options but got ['block_size']" in capsys.readouterr().err
