@@ -59,14 +59,14 @@ MULTI_PROCESS = ("--", "--direct_running_mode=multi_processing", "--direct_num_w
 # Runs the command line with CURRENT's write held back: the process says so on stdout, then waits to be killed.
 _HOLD_CURRENT = (
     "import sys, time\n"
-    "from taskdata import fs\n"
-    "write_atomic = fs.write_atomic\n"
-    "def held(path, data):\n"
-    "    if path.endswith('/CURRENT'):\n"
+    "from taskdata import cas\n"
+    "swap = cas.swap\n"
+    "def held(version, data):\n"
+    "    if version.path.endswith('/CURRENT'):\n"
     "        print('HOLDING-CURRENT', flush=True)\n"
     "        time.sleep(600)\n"
-    "    write_atomic(path, data)\n"
-    "fs.write_atomic = held\n"
+    "    return swap(version, data)\n"
+    "cas.swap = held\n"
     "from taskdata.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
