@@ -203,6 +203,6 @@ def _blob(path: str) -> Any:
 def _client(pid: int) -> Client:
     # One per process (a forked child must not share its parent's connections), with the credentials gcsfs
     # finds by default (Application Default Credentials), or the emulator of STORAGE_EMULATOR_HOST.
-    from google.cloud import storage
+    from google.cloud.storage import Client
 
-    return storage.Client()
+    return Client()

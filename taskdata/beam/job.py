@@ -271,7 +271,7 @@ def _point_current_at(task_root: str, version_dir: str, log: Callable[[str], Non
 
     _, moved = cas.update(fs.join(task_root, CURRENT), change)
     if moved:
-        log(f"[cache] CURRENT pointed at {_described(named[-1])}; moved it to {name}")
+        log(f"[cache] CURRENT pointed at {_described(named[-1], task_root)}; moved it to {name}")
 
 
 def _commit_current(task_root: str, version_dir: str, manifest: Manifest, started_on: cas.Version,
@@ -292,8 +292,10 @@ def _commit_current(task_root: str, version_dir: str, manifest: Manifest, starte
         log(f"[cache] another job committed the same cache while this one ran: CURRENT stays on "
             f"{_named(named[-1])} (this job's {name} is complete too)")
     elif named[-1] != started_on.data:
-        log(f"[cache] another job moved CURRENT to {_described(named[-1])} while this one ran, from "
+        log(f"[cache] another job moved CURRENT to {_described(named[-1], task_root)} while this one ran, from "
             f"another definition or seed; moved it to {name}")
+    else:
+        log(f"[cache] CURRENT moved from {_described(named[-1], task_root)} to {name}")
 
 
 def _version_of(version_dir: str) -> str:
@@ -306,11 +308,13 @@ def _named(pointer: bytes | None) -> str | None:
     return None if pointer is None else pointer.decode("utf-8", "replace").strip()
 
 
-def _described(pointer: bytes | None) -> str:
+def _described(pointer: bytes | None, task_root: str) -> str:
     name = _named(pointer)
     if name is None:
         return "no version"
-    return name if is_version_name(name) else f"{name!r}, which is not a version folder name (a damaged pointer)"
+    if not is_version_name(name):
+        return f"{name!r}, which is not a version folder name (a damaged pointer)"
+    return fs.join(task_root, name)
 
 
 def _same_cache(task_root: str, name: str | None, manifest: Manifest) -> bool:

@@ -385,12 +385,14 @@ class RunStore:
         """
         known = self._known.get(name)
         seen: list[StoredRun] = [] if known is None else [known[0]]
+        last: list[bytes] = []
 
         def change(data: bytes | None) -> bytes | None:
             if data is None:
                 raise RunError(
                     f"There is no stored run {name!r} under {self._dir} to add a stage to; runs: {self.names()}."
                 )
+            last[:] = [data]
             existing = self._parse(name, data)
             if not seen:
                 seen.append(existing)  # what this writer read first: the run it meant to change
@@ -398,7 +400,12 @@ class RunStore:
                 return None  # a retried append
             return dataclasses.replace(existing, plan=_with_stage(existing, stage, current_step, seen[0])).to_bytes()
 
-        version, written = cas.update(self.path(name), change)
+        try:
+            version, written = cas.update(self.path(name), change)
+        except RunError:
+            if last:  # the refusal named the run as it is now: this store has seen it
+                self._remember(name, last[0], time.monotonic())
+            raise
         assert version.data is not None
         return self._remember(name, version.data, time.monotonic()), written
 
