@@ -87,9 +87,13 @@ def read(path: str) -> Version:
 
         try:
             data = blob.download_as_bytes()
+            if blob.generation is None:
+                # GCS names the generation of the bytes in the download's own response (x-goog-generation);
+                # an emulator that does not (gcp-storage-emulator) honours no precondition either, so the
+                # generation asked for after the download is as good as any there.
+                blob.reload()
         except NotFound:
             return Version(path, None, 0)
-        # The download's own response names the generation of the bytes it returned.
         return Version(path, data, int(blob.generation))
     try:
         with open(_local(path), "rb") as f:

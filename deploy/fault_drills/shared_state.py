@@ -132,9 +132,9 @@ def _root(kind: str) -> Iterator[tuple[str, dict[str, str]]]:
 
 
 def run_with_environment(env: dict[str, str], function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` (a module-level function, its arguments picklable) run in a spawned process with
+    """``function(*args)`` (a module-level function, its result picklable) run in a forked process with
     ``env`` added to its environment: how this process talks to an emulator without changing its own."""
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("fork")
     with context.Pool(1) as pool:
         return pool.apply(_with_env, (env, function, *args))
 
@@ -152,7 +152,7 @@ def stage_appends(kind: str = "local", processes: int = 8, rounds: int = 200) ->
     started = time.monotonic()
     with _root(kind) as (root, env):
         run_with_environment(env, _create, root, synthetic_run().to_dict())
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context("fork")
         barrier = context.Barrier(processes)
         results = context.Queue()
         stop = context.Event()
@@ -345,7 +345,7 @@ def http_stage_appends(processes: int = 8, rounds: int = 200, replicas: int | Re
         created = httpx.post(f"{urls[0]}/runs", json=_create_body(RUN, 0), headers=auth, timeout=120)
         if created.status_code != 201:
             raise RuntimeError(f"POST /runs: {created.status_code} {created.text}")
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context("fork")
         barrier = context.Barrier(processes)
         results = context.Queue()
         writers = [context.Process(target=_http_rounds, args=(urls, token, p, rounds, barrier, results))
@@ -440,7 +440,7 @@ def http_creates(processes: int = 8, rounds: int = 200, replicas: int | Replicas
     ``http_stage_appends``), ``rounds`` names."""
     started = time.monotonic()
     with _serving(replicas) as (urls, token, root):
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context("fork")
         barrier = context.Barrier(processes)
         results = context.Queue()
         writers = [context.Process(target=_http_creates, args=(urls, token, p, rounds, barrier, results))
