@@ -105,8 +105,9 @@ class VersionLease:
             with self._lock:
                 if self._held is None:
                     return  # lost: confirm() tells the job
-                # A failed refresh is retried at the next one: only a long silence makes the lease stale.
-                with contextlib.suppress(OSError):
+                # A failed refresh (a local OSError, or an object store's error of its client's own types) is
+                # retried at the next one: only a long silence makes the lease stale; confirm() raises any error.
+                with contextlib.suppress(Exception):
                     self._beat(self._held)
 
 
