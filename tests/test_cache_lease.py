@@ -131,6 +131,25 @@ def test_a_lease_rewritten_while_the_remover_decides_keeps_its_version(tmp_path,
         lease.confirm()  # still its own
 
 
+def test_a_beat_stored_though_its_answer_was_lost_keeps_the_lease(tmp_path, monkeypatch):
+    from taskdata import cas
+
+    version = tmp_path / "toy_det" / "v20240101T000000Z_aaaaaaaa"
+    with VersionLease(str(version), refresh_s=60) as lease:
+        swap = cas.swap
+
+        def stored_then_failed(old, data):
+            monkeypatch.setattr(cas, "swap", swap)
+            swap(old, data)
+            raise OSError("connection reset after the upload")
+
+        monkeypatch.setattr(cas, "swap", stored_then_failed)
+        with pytest.raises(OSError, match="connection reset"):
+            lease.confirm()
+        lease.confirm()  # the next beat finds its own write there and goes on
+        assert b'"beat": 3' in Path(lease_path(str(version))).read_bytes()
+
+
 def _leases_on_gcs(root: str) -> dict[str, object]:
     with VersionLease(f"{root}/v20240101T000000Z-aaaaaaaa", refresh_s=60):
         pass

@@ -98,7 +98,14 @@ class VersionLease:
     def _beat(self, last: cas.Version) -> None:
         self._beats += 1
         data = (json.dumps({**self._holder, "beat": self._beats}, sort_keys=True) + "\n").encode()
-        self._held = cas.swap(last, data)
+        written = cas.swap(last, data)
+        if written is None:
+            # A beat of ours that was stored though its answer was lost (an error after the upload) changed
+            # the lease too: one holding this holder's identity is still this holder's.
+            now = cas.read(self._path)
+            if now.data is not None and _holder_of(now.data) == self._holder:
+                written = cas.swap(now, data)
+        self._held = written
 
     def _keep(self) -> None:
         while not self._stop.wait(self._refresh_s):
@@ -171,6 +178,13 @@ def remove_abandoned_versions(task_root: str, stale_after_s: float, log: Callabl
             f"written for {'ever' if newest == -math.inf else f'{idle:.0f} s'} (stale after {stale_after_s:g} s; "
             f"{holder})")
     return removed
+
+
+def _holder_of(data: bytes) -> dict[str, Any] | None:
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        lease = json.loads(data)
+        return {key: lease[key] for key in ("host", "pid", "since")}
+    return None
 
 
 def _tombstone() -> bytes:
