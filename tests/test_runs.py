@@ -150,7 +150,7 @@ def test_store_writes_one_json_file_and_is_idempotent(caches, tmp_path):
     run = mix_run(caches)
     assert store.create(run) is True
     path = tmp_path / "_runs" / "mix.json"
-    assert json.loads(path.read_text()) == run.to_dict() and run.to_dict()["format"] == "taskdata.run/3"
+    assert json.loads(path.read_text()) == run.to_dict() and run.to_dict()["format"] == "taskdata.run/4"
     before = path.read_bytes()
     assert store.create(mix_run(caches)) is False
     assert path.read_bytes() == before
@@ -225,7 +225,8 @@ def test_the_split_is_part_of_the_plan_and_of_its_fingerprint(caches):
     assert train == StoredRun(plan) and validation.split == "validation"
     assert validation.plan.fingerprint() != train.plan.fingerprint()
     assert StoredRun.from_dict(validation.to_dict()) == validation  # taskdata.run/2 on: the split in the plan
-    assert validation.to_dict() == {"format": "taskdata.run/3", "plan": {**before, "split": "validation"}}
+    assert validation.to_dict() == {"format": "taskdata.run/4", "plan": {**before, "split": "validation"},
+                                    "served_before": 0}
     with pytest.raises(RunError, match="has no split of its own"):
         StoredRun.from_dict({"format": "taskdata.run/1", "plan": plan.to_dict(), "split": "train"})
     with pytest.raises(RunError, match=r"Split: Invalid split name '\.\./x'"):
