@@ -23,11 +23,11 @@ from taskdata.beam.job import CacheJobError, CacheOptions, run_cache_job
 from taskdata.cache.format import list_versions
 from taskdata.config import Config
 from taskdata.define.registry import Registry
+from tests.cache_helpers import MODULE, build, files_of
 from tests.gcs_emulator import gcs_emulator
 
 pytestmark = pytest.mark.slow
 
-MODULE = "tests.cache_tasks"
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "dask-cache"
 
@@ -59,17 +59,9 @@ def _worker_import_path(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
-def build(output, task="toy_random", seed=0, beam_args=(), logs=None, **kwargs):
-    registry = Registry()
-    registry.load_module(MODULE)
-    options = CacheOptions(task=task, output=str(output), seed=seed, modules=(MODULE,), beam_args=tuple(beam_args),
-                           num_shards=3, progress=False, **kwargs)
-    return run_cache_job(options, registry, log=(logs.append if logs is not None else lambda m: None))
-
-
-def files_of(version_dir: str) -> dict[str, bytes]:
-    root = Path(version_dir)
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+def build3(output, task="toy_random", **kwargs):
+    """``build`` with 3 output shards per split, toy_random by default."""
+    return build(output, task=task, num_shards=3, **kwargs)
 
 
 def dask_args(cluster, *extra: str) -> list[str]:
@@ -79,7 +71,7 @@ def dask_args(cluster, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """toy_random (6 train and 2 validation source shards, 3 output shards each) built in-process."""
-    return files_of(build(tmp_path_factory.mktemp("reference")).version_dir)
+    return files_of(build3(tmp_path_factory.mktemp("reference")).version_dir)
 
 
 def test_dask_workers_build_the_in_process_runners_bytes(cluster, reference, tmp_path, monkeypatch):
@@ -91,7 +83,7 @@ def test_dask_workers_build_the_in_process_runners_bytes(cluster, reference, tmp
     with Client(cluster.address, set_as_default=False) as client:
         client.get_task_stream(start=0, stop=0)  # the scheduler records tasks from here on
         started = time.time()
-        result = build("cache", beam_args=dask_args(cluster), logs=logs)
+        result = build3("cache", beam_args=dask_args(cluster), logs=logs)
         tasks = client.get_task_stream(start=started)
     assert result.version_dir == str(tmp_path / "cache" / "toy_random" / Path(result.version_dir).name)
     assert files_of(result.version_dir) == reference
@@ -103,9 +95,9 @@ def test_dask_workers_build_the_in_process_runners_bytes(cluster, reference, tmp
 
 
 def test_a_packed_task_on_dask_is_byte_identical_and_the_seed_still_decides(cluster, tmp_path):
-    on_dask = files_of(build(tmp_path / "dask", task="toy_packed", seed=1, beam_args=dask_args(cluster)).version_dir)
-    assert on_dask == files_of(build(tmp_path / "local", task="toy_packed", seed=1).version_dir)
-    other_seed = files_of(build(tmp_path / "seed0", task="toy_packed", seed=0).version_dir)
+    on_dask = files_of(build3(tmp_path / "dask", task="toy_packed", seed=1, beam_args=dask_args(cluster)).version_dir)
+    assert on_dask == files_of(build3(tmp_path / "local", task="toy_packed", seed=1).version_dir)
+    other_seed = files_of(build3(tmp_path / "seed0", task="toy_packed", seed=0).version_dir)
     differing = [name for name in on_dask if name.endswith("-of-00003") and on_dask[name] != other_seed[name]]
     assert len(differing) == 6, differing  # negative control: another seed, other shards
 
@@ -161,7 +153,7 @@ def test_a_scheduler_without_workers_fails_the_job_instead_of_waiting_forever(tm
     _require_dask()
     with dask_cluster(0, tmp_path / "cluster") as empty, pytest.raises(
             CacheJobError, match=rf"The Dask scheduler at {empty.address} has no workers \(waited 2 s\)"):
-        build(tmp_path / "out", beam_args=dask_args(empty, "--dask_connection_timeout=2"))
+        build3(tmp_path / "out", beam_args=dask_args(empty, "--dask_connection_timeout=2"))
     assert list_versions(str(tmp_path / "out" / "toy_random")) == []
 
 

@@ -34,7 +34,6 @@ __all__ = ["DASK_RUNNER", "ClusterError", "check_dask_cluster", "is_dask", "new_
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 _DASK_NAMES = ("dask", "DaskRunner", DASK_RUNNER)
 _LOCAL_NAMES = (None, "DirectRunner", "direct")
-_INSTALL = "pip install 'taskdata[dask]' (dask and distributed)"
 
 
 class ClusterError(RuntimeError):
@@ -173,9 +172,10 @@ def _import_beam_quietly() -> None:
 
 
 def _dask_options_class() -> Any:
-    try:
-        import distributed  # noqa: F401  (Beam's Dask runner imports it only when it runs)
-        from apache_beam.runners.dask.dask_runner import DaskOptions
-    except ImportError as e:
-        raise ImportError(f"--runner=dask needs Dask: {_INSTALL}. ({e})") from e
+    from taskdata.extras import require
+
+    # Beam's Dask runner module imports without Dask and fails only when it runs: say so before.
+    require("distributed", "dask", "--runner=dask")
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+
     return DaskOptions
