@@ -16,6 +16,8 @@ Example usage::
   included, so no stale lock is ever left behind and the next writer waits only for the holder's exit.
   The bytes go to a temporary file beside ``path`` that is synced and then renamed over it (and the folder
   synced): readers see the old file or the new one, whole, and an acknowledged write survives a power cut.
+  A writer killed before its rename leaves its temporary file; the next writer of ``path`` removes it under
+  the lock (whose holder is the only live writer of ``path``).
   ``flock`` must work on the file system (local disks do; some network file systems do not).
 - ``gs://``: the object's generation is the version; the write is an upload with ``ifGenerationMatch`` (0:
   the object must not exist), which GCS refuses with 412 if another writer got there first. gcsfs sends
@@ -34,6 +36,7 @@ import fcntl
 import functools
 import os
 import random
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -119,6 +122,7 @@ def swap(version: Version, data: bytes) -> Version | None:
         return Version(version.path, data, int(blob.generation))
     path = _local(version.path)
     with _locked(path):
+        _remove_temporaries(path)
         try:
             with open(path, "rb") as f:
                 now: bytes | None = f.read()
@@ -170,9 +174,24 @@ def _locked(path: str) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def _temporary(path: str) -> str:
+    return f"{path}.tmp-{uuid.uuid4().hex}"
+
+
+def _remove_temporaries(path: str) -> None:
+    """Removes the temporary files of ``path`` left by writers killed before their rename. Called under the lock:
+    its holder is the only live writer of ``path``, and has not made its own yet."""
+    folder, name = os.path.split(path)
+    dead = re.compile(re.escape(name) + r"\.tmp-[0-9a-f]{32}")  # _temporary's names
+    for entry in os.listdir(folder):
+        if dead.fullmatch(entry):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, entry))
+
+
 def _replace(path: str, data: bytes) -> None:
     folder = os.path.dirname(path)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    tmp = _temporary(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
