@@ -47,12 +47,17 @@ from taskdata import fs
 if TYPE_CHECKING:
     from google.cloud.storage import Client
 
-__all__ = ["MAX_ATTEMPTS", "UnsupportedStoreError", "Version", "read", "swap", "update"]
+__all__ = ["MAX_ATTEMPTS", "ContentionError", "UnsupportedStoreError", "Version", "read", "swap", "update"]
 
 # Writers that keep losing give up after this many tries (with growing random pauses, about 25 s in all).
 MAX_ATTEMPTS = 200
 _PAUSE_S = 0.002
 _MAX_PAUSE_S = 0.2
+
+
+class ContentionError(RuntimeError):
+    """A change not stored: other writers changed the file first ``MAX_ATTEMPTS`` times in a row (a service
+    condition, not a bad request: the CLI exits 3, the server answers 503)."""
 
 
 class UnsupportedStoreError(ValueError):
@@ -141,7 +146,7 @@ def update(path: str, change: Callable[[bytes | None], bytes | None]) -> tuple[V
     ``change`` gets the file's bytes (None if there is none) and returns the bytes to store, or None to leave
     the file as it is; it may raise to refuse. When another writer changes the file between the read and the
     swap, the file is read again and ``change`` is called on the new bytes, so it must decide from what it is
-    given alone. After ``MAX_ATTEMPTS`` lost swaps, TimeoutError.
+    given alone. After ``MAX_ATTEMPTS`` lost swaps, ContentionError (nothing stored).
     """
     pause = _PAUSE_S
     for _ in range(MAX_ATTEMPTS):
@@ -154,8 +159,8 @@ def update(path: str, change: Callable[[bytes | None], bytes | None]) -> tuple[V
             return written, True
         time.sleep(random.uniform(0, pause))
         pause = min(pause * 2, _MAX_PAUSE_S)
-    raise TimeoutError(f"Gave up changing {path}: other writers changed it first {MAX_ATTEMPTS} times in a row. "
-                       "Retry when fewer writers are at work.")
+    raise ContentionError(f"Gave up changing {path}: other writers changed it first {MAX_ATTEMPTS} times in a row, "
+                          "and this change was not stored. Retry when fewer writers are at work.")
 
 
 def _local(path: str) -> str:

@@ -59,6 +59,18 @@ def test_update_calls_the_change_again_on_what_another_writer_stored(tmp_path, m
         cas.update(path, lambda data: (_ for _ in ()).throw(ValueError("refused")))
 
 
+def test_a_writer_that_keeps_losing_gives_up_saying_nothing_was_stored(tmp_path, monkeypatch):
+    path = str(tmp_path / "x.json")
+    cas.swap(cas.read(path), b"one")
+    lost = []
+    monkeypatch.setattr(cas, "MAX_ATTEMPTS", 3)
+    monkeypatch.setattr(cas, "swap", lambda version, data: lost.append(data))  # another writer was first, each time
+    with pytest.raises(cas.ContentionError, match=rf"Gave up changing {path}: other writers changed it first 3 "
+                                                  r"times in a row, and this change was not stored\. Retry"):
+        cas.update(path, lambda data: b"two")
+    assert lost == [b"two"] * 3 and cas.read(path).data == b"one"
+
+
 def test_threads_incrementing_one_counter_lose_no_increment(tmp_path):
     path = str(tmp_path / "counter")
     told: list[int] = []
