@@ -104,7 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "Beam pipeline options go after '--', e.g. 'taskdata cache --task X -- --runner=DataflowRunner "
                     "--project=P --region=R --temp_location=gs://B/tmp --setup_file=./setup.py'. Without --runner, "
                     "Beam's local Python runner is used ('-- --direct_running_mode=multi_processing "
-                    "--direct_num_workers=2' for several processes).",
+                    "--direct_num_workers=2' for several processes). On a Dask cluster: '-- --runner=dask "
+                    "--dask_client_address=tcp://HOST:8786' (Beam's apache_beam.runners.dask.dask_runner.DaskRunner; "
+                    "needs taskdata[dask]): the job first checks that the scheduler answers and that every worker "
+                    "loads the task and sees --output, then runs each source shard as one Dask task.",
     )
     p.add_argument("--task", help="task (or mixture: each of its tasks) to cache; or give --seqio-task / "
                                   "--seqio-mixture to cache seqio's")
@@ -464,10 +467,24 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _quiet_beam_logs(debug: bool) -> None:
-    """Beam logs a failing worker's traceback before the job's own one-line error; show it only with --debug."""
+    """Beam logs a failing worker's traceback before the job's own one-line error, and Dask's client (with
+    --runner=dask) its lost connections; show them only with --debug."""
     import logging
 
     logging.getLogger("apache_beam").setLevel(logging.INFO if debug else logging.CRITICAL)
+    if debug:
+        return
+    # distributed sets its loggers' levels from Dask's config when it is imported (a later setLevel would lose).
+    quiet = {"distributed": "critical", "distributed.client": "critical"}
+    if "distributed" in sys.modules:
+        for name in quiet:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        return
+    try:
+        import dask
+    except ImportError:
+        return  # no Dask (taskdata[dask]): nothing of it can log
+    dask.config.set({"logging": quiet})
 
 
 def _log_seqio_location(version_dir: str, quiet: bool) -> None:
