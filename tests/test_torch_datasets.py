@@ -113,6 +113,8 @@ def test_bad_indices_and_a_server_source_are_refused_by_name(root):
         dataset[-1]
     with pytest.raises(ValueError, match="num_samples must be a positive integer but got 0"):
         RunMapDataset(CacheRun(root, "mix1"), LENGTHS, num_samples=0)
+    with pytest.raises(ValueError, match=r"No run named 'mix9' is stored under .* \(runs: \['mix1', 'mix2'"):
+        CacheRun(root, "mix9")()
 
 
 def iterate(dataset, count):

@@ -51,12 +51,11 @@ def main() -> None:
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB)))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     dataset = RunIterableDataset(CacheRun(args.root, args.run), LENGTHS, start=args.start)  # this rank's slice
-    log = open(args.log, "a") if rank == 0 else None
 
     def write(record: dict) -> None:
-        if log is not None:
-            log.write(json.dumps({"processes": world, **record}) + "\n")
-            log.flush()
+        if rank == 0:
+            with open(args.log, "a") as log:
+                log.write(json.dumps({"processes": world, **record}) + "\n")
 
     if args.resume:
         model_state, optimizer_state = get_state_dict(model, optimizer)

@@ -199,7 +199,7 @@ def _consecutive(indices: list[int]) -> list[tuple[int, int]]:
 def _slices(plan: RunPlan, start: int, stop: int) -> list[tuple[int, HostSlice]]:
     """Positions ``[start, stop)`` as equal host slices of their steps, in order: a piece of a step at offset
     ``o`` of ``n`` positions is ``n / g`` slices of ``g = gcd(o, n, B)`` (one slice when it is aligned)."""
-    out = []
+    out: list[tuple[int, HostSlice]] = []
     while start < stop:
         step = plan.step_of(start)
         first, size = plan.first_position(step), plan.batch_size(step)

@@ -31,4 +31,11 @@ class CacheRun:
                 raise ValueError(f"CacheRun.{field} must be a non-empty string but got {value!r}.")
 
     def __call__(self) -> LocalAssignments:
-        return LocalAssignments.from_cache_root(RunStore(self.cache_root).get(self.run), self.cache_root)
+        store = RunStore(self.cache_root)
+        stored = store.get(self.run)
+        if stored is None:
+            raise ValueError(
+                f"No run named {self.run!r} is stored under {self.cache_root} (runs: {store.names() or 'none'}). "
+                "Create it with 'taskdata plan --name ...', or name one of those."
+            )
+        return LocalAssignments.from_cache_root(stored, self.cache_root)
