@@ -20,6 +20,7 @@ from trainer_client.digest import batch_hash, row_digests
 from trainer_client.iterator import DataIterator, DataState, ResumeError
 from trainer_client.local_source import LocalAssignments
 from trainer_client.pytorch import CacheRun, RunIterableDataset, RunMapDataset
+from trainer_client.pytorch.megatron import gpt_sample, iterations_to_skip
 
 pytestmark = pytest.mark.slow  # cache jobs (Beam), DataLoader worker processes
 
@@ -89,6 +90,20 @@ def test_megatrons_sampling_rule_reads_the_runs_global_batches_from_consumed_sam
         assert features_equal(stacked(rows), expected[step])
 
 
+def test_items_in_megatrons_gpt_layout_through_a_dataloader(root):
+    dataset = RunMapDataset(CacheRun(root, "mix1"), LENGTHS, num_samples=64, transform=gpt_sample)
+    plain = RunMapDataset(CacheRun(root, "mix1"), LENGTHS, num_samples=64)
+    sampler = list(megatron_rule(len(dataset), 16, 4, 1, 2))
+    batch = next(iter(torch.utils.data.DataLoader(dataset, batch_sampler=sampler)))
+    assert sorted(batch) == ["labels", "loss_mask", "position_ids", "tokens"]
+    assert batch["tokens"].dtype == batch["labels"].dtype == torch.int64 and batch["loss_mask"].dtype == torch.float32
+    rows = stacked(plain.__getitems__(sampler[0]))["targets"]
+    assert np.array_equal(batch["tokens"].numpy(), rows)
+    trained = batch["loss_mask"].numpy() == 1
+    assert np.array_equal(batch["labels"].numpy()[:, :-1][trained[:, :-1]], rows[:, 1:][trained[:, :-1]])
+    assert (batch["labels"].numpy()[~trained] == 0).all() and (rows[:, 1:][trained[:, :-1]] != 0).all()
+
+
 def test_a_skipped_step_keeps_its_examples_and_megatron_is_told_to_skip_its_iteration(root):
     stored = RunStore(root).get("mix1")
     source = CacheRun(root, "mix1")()
@@ -99,10 +114,10 @@ def test_a_skipped_step_keeps_its_examples_and_megatron_is_told_to_skip_its_iter
     plain = RunMapDataset(CacheRun(root, stored.name), LENGTHS, num_samples=6 * GLOBAL_BATCH)
     positions = list(range(2 * GLOBAL_BATCH, 4 * GLOBAL_BATCH))
     assert features_equal(stacked(dataset.__getitems__(positions)), stacked(plain.__getitems__(positions)))
-    assert dataset.megatron_iterations_to_skip(GLOBAL_BATCH) == [3, 4]
-    assert plain.megatron_iterations_to_skip(GLOBAL_BATCH) == []
+    assert iterations_to_skip(dataset, GLOBAL_BATCH) == [3, 4]
+    assert iterations_to_skip(plain, GLOBAL_BATCH) == []
     with pytest.raises(ValueError, match=r"Step 2 of run 'mix1' is skipped, but it covers positions range\(32, 48\)"):
-        dataset.megatron_iterations_to_skip(8)
+        iterations_to_skip(dataset, 8)
 
 
 def test_bad_indices_and_a_server_source_are_refused_by_name(root):
@@ -202,5 +217,5 @@ def test_statefuldataloader_saves_and_restores_the_data_state_without_fast_forwa
 def test_statefuldataloader_worker_processes_are_refused_by_name(root):
     dataset = RunIterableDataset(CacheRun(root, "mix4"), LENGTHS, host_slice=HostSlice(0, 1))
     loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2)
-    with pytest.raises(RuntimeError, match=r"DataLoader worker 0 of 2 \(num_workers=2\).*num_workers=0"):
+    with pytest.raises(RuntimeError, match=r"DataLoader worker [01] of 2 \(num_workers=2\).*num_workers=0"):
         next(iter(loader))

@@ -6,7 +6,9 @@
   state, one step of one run), for ``torch.distributed.checkpoint`` and torchdata's ``StatefulDataLoader``.
 - ``CacheRun``: opens a run stored under a cache root, in whichever process reads.
 - ``next_token_labels``: a row's next-token labels with ``IGNORE_INDEX`` at every example's end.
-- ``trainer_client.pytorch.torchtitan`` (needs torchtitan): the data loader torchtitan's trainer builds.
+- ``trainer_client.pytorch.megatron``: Megatron's GPT sample layout (``gpt_sample``) and the iterations it
+  skips where the plan skips steps (``iterations_to_skip``).
+- ``trainer_client.pytorch.torchtitan`` (needs torchtitan 0.3.0): the data loader torchtitan's trainer builds.
 """
 
 from trainer_client.pytorch.iterable import STEP_KEY, RunBatches, RunIterableDataset

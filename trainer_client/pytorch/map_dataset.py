@@ -13,12 +13,13 @@ are the plan's, computed in O(1) per position by the index math.
 
 A skipped step (``taskdata plan --skip``) keeps its positions and examples, as in the plan: a sampler
 walking positions reads them. Megatron discards them itself when told ``--iterations-to-skip``
-(``megatron_iterations_to_skip`` lists the iterations), reading and dropping that iteration's samples as
-the plan keeps its positions.
+(``trainer_client.pytorch.megatron.iterations_to_skip`` lists them): it reads and drops that iteration's
+samples, as the plan keeps the step's positions.
 
 Each item is ``{feature: int32 [length]}`` (zero-padded; a packed cache's rows also carry
 ``{feature}_segment_ids`` and ``{feature}_positions``), as torch tensors or, with ``tensors=False``, numpy
-arrays; the default collate stacks them into ``[batch, length]``. ``DataLoader`` fetches a batch's indices
+arrays, or what ``transform`` makes of that (``trainer_client.pytorch.megatron.gpt_sample``: Megatron's GPT
+sample); the default collate stacks them into ``[batch, length]``. ``DataLoader`` fetches a batch's indices
 together (``__getitems__``): consecutive positions of one step are read as one slice of the step, with the
 same verified reads as the trainer client's. Every process that reads (each ``DataLoader`` worker) opens
 its own source from ``open_source``.
@@ -66,6 +67,7 @@ class RunMapDataset(Dataset[Sample]):
       num_samples: the dataset's length (the samples training reads, e.g. Megatron's ``train_iters *
         global_batch_size``); every position has an example (epochs repeat), so any length is valid.
       tensors: torch tensors (default) or numpy arrays.
+      transform: applied to every item (e.g. ``gpt_sample``), in the process that reads it.
       verify_crc: check every record's CRCs as it is read.
     """
 
@@ -76,6 +78,7 @@ class RunMapDataset(Dataset[Sample]):
         *,
         num_samples: int,
         tensors: bool = True,
+        transform: Callable[[Sample], Sample] | None = None,
         verify_crc: bool = True,
     ):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
@@ -89,6 +92,7 @@ class RunMapDataset(Dataset[Sample]):
         self._lengths = dict(lengths)
         self._num_samples = num_samples
         self._tensors = tensors
+        self._transform = transform
         self._verify_crc = verify_crc
         self._opened: _Opened | None = None
 
@@ -130,31 +134,8 @@ class RunMapDataset(Dataset[Sample]):
             arrays: Mapping[str, Any] = {name: torch.from_numpy(array) for name, array in features.items()}
         else:
             arrays = features
-        return [{name: array[row] for name, array in arrays.items()} for row in range(count)]
-
-    def megatron_iterations_to_skip(self, global_batch_size: int) -> list[int]:
-        """Megatron's ``--iterations-to-skip`` for the plan's skipped steps within this dataset.
-
-        Megatron's iteration ``s + 1`` is the plan's step ``s`` when both read the same positions: each skipped
-        step must cover positions ``[s * global_batch_size, (s + 1) * global_batch_size)``, else this raises.
-        """
-        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-            raise ValueError(f"global_batch_size must be a positive integer but got {global_batch_size!r}.")
-        plan = self.plan
-        last_step = plan.step_of(len(self) - 1)
-        iterations = []
-        for skip in plan.skip:
-            for step in range(skip.start, min(skip.stop, last_step + 1)):
-                expected = range(step * global_batch_size, (step + 1) * global_batch_size)
-                if plan.positions(step) != expected:
-                    raise ValueError(
-                        f"Step {step} of run {plan.name!r} is skipped, but it covers positions {plan.positions(step)}, "
-                        f"while Megatron's iteration {step + 1} with a global batch of {global_batch_size} reads "
-                        f"{expected}. Train with the plan's global batch size ({plan.batch_size(step)} at that "
-                        "step) and no --rampup-batch-size, so that iterations and steps are the same."
-                    )
-                iterations.append(step + 1)
-        return iterations
+        rows = [{name: array[row] for name, array in arrays.items()} for row in range(count)]
+        return rows if self._transform is None else [self._transform(row) for row in rows]
 
     def _open(self) -> _Opened:
         pid = os.getpid()
