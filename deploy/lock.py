@@ -4,8 +4,8 @@ One lock holds everything: taskdata's dependencies and those of every extra (the
 all), each at the version installed in the environment this runs in, the one the whole test suite passed in
 (Python 3.11, linux x86_64). CI installs with ``pip install -e '.[test]' -c requirements.lock``, so the
 tests run the versions that ship. The Docker image installs only its own part, the closure of the
-dependencies and the ``client``, ``seqio`` and ``plot`` extras: every other line ends with
-``# not in the image``, and the Dockerfile leaves those lines out.
+dependencies and the extras it runs (``IMAGE_EXTRAS``: the cache job, the server, the client, tf.data,
+seqio and plot): every other line ends with ``# not in the image``, and the Dockerfile leaves those lines out.
 
     python deploy/lock.py            # rewrite requirements.lock
     python deploy/lock.py --check    # exit 1, saying what differs, if requirements.lock is not what this environment gives
@@ -27,7 +27,7 @@ __all__ = ["IMAGE_EXTRAS", "LOCK", "NOT_IN_IMAGE", "closure", "declared_requirem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCK = os.path.join(ROOT, "requirements.lock")
-IMAGE_EXTRAS = ("client", "seqio", "plot")
+IMAGE_EXTRAS = ("cache", "server", "client", "tf", "seqio", "plot")
 NOT_IN_IMAGE = "# not in the image"
 
 
@@ -64,7 +64,8 @@ def closure(roots: list[Requirement]) -> dict[str, str]:
             raise SystemExit(
                 f"{requirement.name} is required but not installed here; install '.[test]' first."
             ) from None
-        pinned[name] = dist.version
+        if name != "taskdata":  # an extra that names others ('taskdata[client]') is followed, not pinned
+            pinned[name] = dist.version
         for child in dist.requires or []:
             queue.append((Requirement(child), frozenset(requirement.extras)))
     return dict(sorted(pinned.items()))

@@ -38,11 +38,29 @@ def _is_package(name: str) -> bool:
     return MODULES.get(name, Path()).name == "__init__.py"
 
 
-def _imports(name: str, path: Path) -> set[str]:
-    """Every module ``name`` imports (at any depth of the file), internal or not, as dotted names."""
+def _module_level(tree: ast.AST) -> list[ast.AST]:
+    """The nodes of a module that run when it is imported: not function bodies (nor TYPE_CHECKING blocks)."""
+    out: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
+    return out
+
+
+def _imports(name: str, path: Path, *, at_import: bool = False) -> set[str]:
+    """Every module ``name`` imports (at any depth of the file; with ``at_import``, only what runs when it
+    is imported), internal or not, as dotted names."""
     tree = ast.parse(path.read_text(), str(path))
     out: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _module_level(tree) if at_import else ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -132,6 +150,38 @@ def test_the_core_knows_no_http_no_jax_and_neither_server_nor_client():
 def test_the_server_never_builds_caches_and_meets_the_client_only_over_http():
     assert _offenders("server", ("taskdata.beam", "apache_beam", "trainer_client", "jax")) == {}
     assert _offenders("trainer_client", ("server", "taskdata.beam", "apache_beam", "fastapi")) == {}
+
+
+def _loaded_with(name: str) -> set[str]:
+    """Every module importing ``name`` loads (what its module level and its internal modules' import)."""
+    seen, todo, external = set(), [name], set()
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for imported in _imports(module, MODULES[module], at_import=True):
+            parents = [".".join(imported.split(".")[:i]) for i in range(1, imported.count(".") + 2)]
+            internal = [p for p in parents if p in MODULES]
+            todo.extend(internal)
+            if not internal:
+                external.add(imported.split(".")[0])
+    return external
+
+
+HEAVY = ("tensorflow", "tensorflow_text", "apache_beam", "seqio")
+
+
+def test_the_trainer_client_loads_no_tensorflow_beam_or_seqio():
+    # 'pip install taskdata[client]' installs none of them: a trainer host imports the client, reads caches
+    # (locally, on gs://, through the server) and builds arrays without them. tf_dataset imports TensorFlow
+    # when called; the t5x dataset function runs where t5x (and so seqio) is installed.
+    loaded = {name: sorted(_loaded_with(name) & set(HEAVY)) for name in MODULES
+              if name.startswith("trainer_client") and name != "trainer_client.t5x_dataset"}
+    assert {name: heavy for name, heavy in loaded.items() if heavy} == {}
+    # Negative control: what a module loads includes its own module-level imports and its modules' ones.
+    assert "grain" in _loaded_with("trainer_client.grain_dataset")
+    assert "orbax" in _loaded_with("trainer_client.example.checkpoint")  # itself and through orbax_state
 
 
 ENVIRONMENT_READERS = {

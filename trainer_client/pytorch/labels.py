@@ -7,12 +7,15 @@ Label ``i`` is token ``i + 1`` when both are tokens of the same example, else ``
 ``cross_entropy`` default, -100, which torchtitan calls ``IGNORE_INDEX``): on the last token of every
 example and on padding. A batch of taskdata rows needs no other preparation for a causal LM: the inputs
 are the row itself (a label is the next token within the row), and a packed row's examples never see
-each other's tokens as labels.
+each other's tokens as labels. The shift is ``trainer_client.features.shift_left``'s; what this adds is the
+ignore value on padding, where a loss that masks by label (torch's) needs it.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from trainer_client.features import shift_left
 
 __all__ = ["IGNORE_INDEX", "next_token_labels"]
 
@@ -40,7 +43,6 @@ def next_token_labels(
                 f"Segment ids of shape {segments.shape} do not match tokens of shape {tokens.shape}: pass the "
                 "row's own '{feature}_segment_ids' (a packed cache's rows carry them)."
             )
-    labels = np.full(tokens.shape, ignore_index, dtype=np.int64)
-    same = (segments[..., 1:] == segments[..., :-1]) & (segments[..., :-1] != 0)
-    labels[..., :-1] = np.where(same, tokens[..., 1:], ignore_index)
+    labels = shift_left(tokens.astype(np.int64), segment_ids=segments, fill=ignore_index)
+    labels[segments == 0] = ignore_index  # padding: no example, nothing to predict
     return labels
