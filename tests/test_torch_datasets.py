@@ -214,6 +214,16 @@ def test_statefuldataloader_saves_and_restores_the_data_state_without_fast_forwa
     resumed.dataset.close()
 
 
+def test_read_worker_processes_give_the_same_elements_and_state(root):
+    """What the worker refusal points to: the dataset's own read processes (DataIterator's workers)."""
+    run = CacheRun(root, "mix4")
+    plain = RunIterableDataset(run, LENGTHS, host_slice=HostSlice(1, 2), stop_step=6)
+    pooled = RunIterableDataset(run, LENGTHS, host_slice=HostSlice(1, 2), stop_step=6, workers=1)
+    assert hashes_of([list(plain)]) == hashes_of([list(pooled)])
+    assert pooled.state_dict() == plain.state_dict() and pooled.state_dict()["step"] == 6
+    pooled.close()
+
+
 def test_statefuldataloader_worker_processes_are_refused_by_name(root):
     dataset = RunIterableDataset(CacheRun(root, "mix4"), LENGTHS, host_slice=HostSlice(0, 1))
     loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2)
