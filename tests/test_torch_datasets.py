@@ -1,11 +1,14 @@
-"""The torch datasets over a run: the map-style dataset by position (driven the way Megatron's sampler walks
-``consumed_samples``), the Stateful iterable dataset (its state moved between 2, 1 and 4 ranks), and torchdata's
+"""The torch datasets over a run: the map-style dataset by position (driven by megatron-core's own sampler
+from ``consumed_samples``), the Stateful iterable dataset (its state moved between 2, 1 and 4 ranks), and torchdata's
 ``StatefulDataLoader`` around it."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from taskdata.index import SkipRange
 from taskdata.runs import RunStore
-from tests.client_helpers import GLOBAL_BATCH, LENGTHS, reference_hashes, shared_root
+from tests.client_helpers import GLOBAL_BATCH, LENGTHS, REPO, reference_hashes, shared_root
 from trainer_client.assignments import HostSlice
 from trainer_client.digest import batch_hash, row_digests
 from trainer_client.iterator import DataIterator, DataState, ResumeError
@@ -43,12 +46,24 @@ def features_equal(a, b):
     return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def megatron_rule(total, consumed, micro, rank, size):
-    """The index lists Megatron's pretraining sampler hands a data-parallel rank, by its stated rule (not its
-    code): from ``consumed`` on, every ``micro * size`` consecutive global indices, the rank's ``micro``."""
-    block = micro * size
-    for first in range(consumed, total - block + 1, block):
-        yield list(range(first + rank * micro, first + (rank + 1) * micro))
+MEGATRON_CORE = os.environ.get("TASKDATA_MEGATRON_CORE", os.path.join(REPO, ".megatron-core"))
+
+
+@pytest.fixture(scope="module")
+def megatron_sampler():
+    """megatron-core's ``MegatronPretrainingSampler`` (installed by deploy/megatron_core.sh), as Megatron's
+    ``build_pretraining_data_loader`` builds it: ``(total_samples, consumed_samples, micro_batch_size,
+    data_parallel_rank, data_parallel_size)``."""
+    if not os.path.isdir(os.path.join(MEGATRON_CORE, "megatron", "training")):
+        message = f"no megatron-core at {MEGATRON_CORE}: install it with 'bash deploy/megatron_core.sh'"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    sys.path.insert(0, MEGATRON_CORE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed": not used here
+        from megatron.training.datasets.data_samplers import MegatronPretrainingSampler
+    return MegatronPretrainingSampler
 
 
 def test_item_i_is_the_example_at_position_i_of_the_run(root):
@@ -70,8 +85,8 @@ def test_item_i_is_the_example_at_position_i_of_the_run(root):
 
 
 @pytest.mark.parametrize(("consumed_step", "micro", "size"), [(0, 4, 2), (3, 2, 4)])
-def test_megatrons_sampling_rule_reads_the_runs_global_batches_from_consumed_samples(
-    root, consumed_step, micro, size
+def test_megatrons_sampler_reads_the_runs_global_batches_from_consumed_samples(
+    root, megatron_sampler, consumed_step, micro, size
 ):
     """Every rank's micro batches of a step together are the run's global batch of that step; resuming is
     a consumed-samples counter, on any number of ranks. Read through DataLoader with 2 worker processes."""
@@ -80,7 +95,7 @@ def test_megatrons_sampling_rule_reads_the_runs_global_batches_from_consumed_sam
     dataset = RunMapDataset(CacheRun(root, "mix1"), LENGTHS, num_samples=stop * GLOBAL_BATCH)
     by_position = {}
     for rank in range(size):
-        sampler = list(megatron_rule(len(dataset), consumed_step * GLOBAL_BATCH, micro, rank, size))
+        sampler = megatron_sampler(len(dataset), consumed_step * GLOBAL_BATCH, micro, rank, size)
         loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2)
         for indices, batch in zip(sampler, loader, strict=True):
             for row, position in enumerate(indices):
@@ -90,10 +105,10 @@ def test_megatrons_sampling_rule_reads_the_runs_global_batches_from_consumed_sam
         assert features_equal(stacked(rows), expected[step])
 
 
-def test_items_in_megatrons_gpt_layout_through_a_dataloader(root):
+def test_items_in_megatrons_gpt_layout_through_a_dataloader(root, megatron_sampler):
     dataset = RunMapDataset(CacheRun(root, "mix1"), LENGTHS, num_samples=64, transform=gpt_sample)
     plain = RunMapDataset(CacheRun(root, "mix1"), LENGTHS, num_samples=64)
-    sampler = list(megatron_rule(len(dataset), 16, 4, 1, 2))
+    sampler = list(megatron_sampler(len(dataset), 16, 4, 1, 2))
     batch = next(iter(torch.utils.data.DataLoader(dataset, batch_sampler=sampler)))
     assert sorted(batch) == ["labels", "loss_mask", "position_ids", "tokens"]
     assert batch["tokens"].dtype == batch["labels"].dtype == torch.int64 and batch["loss_mask"].dtype == torch.float32
