@@ -22,7 +22,6 @@ from server.auth import RequestGuard, require_token
 from server.metrics import Metrics, MetricsMiddleware
 from server.routers import health, ledger, metrics, runs, shards, tasks
 from server.settings import Settings
-from server.shards_fast import AssignmentService
 from server.state import ServerConfigError, state_of
 from taskdata.define.registry import Registry, UnknownNameError
 from taskdata.index import PlanError
@@ -68,9 +67,9 @@ async def _method_not_allowed_lists_every_method(request: Request, error: Except
     return JSONResponse({"detail": error.detail}, status_code=405, headers={"Allow": ", ".join(allowed)})
 
 
-def create_app(settings: Settings | None = None, registry: Registry | None = None) -> AssignmentService:
+def create_app(settings: Settings | None = None, registry: Registry | None = None) -> FastAPI:
     """The app; ``settings`` default to the environment's, ``registry`` to the default one plus settings.modules."""
-    app = AssignmentService(
+    app = FastAPI(
         title="taskdata assignment service",
         version=API_VERSION,
         description="Which cache records every trainer host reads at every step of a deterministic run. Every "
@@ -105,8 +104,7 @@ def create_app(settings: Settings | None = None, registry: Registry | None = Non
     app.add_exception_handler(UnknownNameError, _error(404))
     app.add_exception_handler(CacheUnavailableError, _error(503))
     app.add_exception_handler(ServerConfigError, _error(500))
-    # The last added runs first: metrics see every answer, the guard's refusals included. (The plainly
-    # valid GET /shards requests that AssignmentService answers at the door get both checks there.)
+    # The last added runs first: metrics see every answer, the guard's refusals included.
     app.add_middleware(RequestGuard)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
