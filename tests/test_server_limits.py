@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -247,6 +249,7 @@ def test_header_limits_check_themselves():
         HeaderLimits(1024, 0.0)
 
 
+@pytest.mark.slow
 def test_a_later_request_that_breaks_a_limit_closes_its_connection_without_an_answer(quick):
     # An answer to the request before may still be under way on a kept-alive connection: nothing is written
     # into it, the connection is closed. The guard finds where each request ends, bodies and pipelining too.
@@ -271,6 +274,7 @@ def test_a_later_request_that_breaks_a_limit_closes_its_connection_without_an_an
     assert answer == b"" and 0.9 <= closed - started < 5  # the 1 s header deadline
 
 
+@pytest.mark.slow
 def test_bytes_after_an_upgrade_request_close_the_connection(quick):
     # No upgrade is accepted (no WebSocket route); uvicorn answers such a request as any other but reads no
     # further request on its connection, so nothing more may be sent on it.
@@ -279,3 +283,17 @@ def test_bytes_after_an_upgrade_request_close_the_connection(quick):
         assert read_response(sock).endswith(b'{"status":"ok"}')
         send(sock, get("/healthz"))
         assert read_until_closed(sock)[0] == b""
+
+
+@pytest.mark.slow
+def test_serve_exits_3_when_it_cannot_listen(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "taskdata", "serve", "--cache-root", str(tmp_path), "--port", str(port)],
+            env=environment(tmp_path), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert "address already in use" in done.stderr
