@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="BYTES",
-        help="largest request line plus headers (default 65536); larger: 431 and the connection is closed",
+        help="largest request line plus headers (default 65536); larger: 431 (none on a kept-alive connection's later "
+        "request) and the connection is closed",
     )
     limits.add_argument(
         "--header-timeout",
@@ -301,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="time to send a request line and headers, from connecting or from a request's first byte "
-        "(default 10); slower: 408 and the connection is closed",
+        "(default 10); slower: 408 (none on a kept-alive connection's later request) and the connection is closed",
     )
     limits.add_argument(
         "--keep-alive-timeout",
