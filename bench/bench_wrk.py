@@ -1,7 +1,7 @@
 """What one ``taskdata serve`` replica gives a pod: ``wrk`` throughput and latency of ``GET /shards``, a trivial
 FastAPI endpoint beside it, and a pod simulator; the targets are what a pod needs.
 
-Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--baseline TREE] [--write]
+Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--baseline TREE] [--targets-only] [--write]
      PYTHONPATH=. python bench/bench_wrk.py --latency-only     (the 1-connection p99 alone, nothing else sent)
      PYTHONPATH=. python bench/bench_wrk.py --profile [--write]   (where the server's time goes: py-spy, r64 and
                                                                   r65536, together and distinct)
@@ -311,6 +311,8 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, metavar="TREE",
                         help="another source tree (e.g. git archive main | tar -x -C TREE) served too, on the same caches, "
                              "and measured right after this tree in every configuration")
+    parser.add_argument("--targets-only", action="store_true",
+                        help="only what the targets judge: the trivial endpoint, the 1-connection run and the pods")
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_trivial:
@@ -358,8 +360,9 @@ def main() -> None:
             latency_only(port, server.pid, str(script), args)
             return
         results: dict[tuple[str, str], list[dict]] = {}  # (tree, configuration) -> one result per round
+        configs = [CONFIGS[0], CONFIGS[-1]] if args.targets_only else CONFIGS
         for round_ in range(args.rounds):
-            for i, (label, run, hosts, mode, steps, connections, encoding) in enumerate(CONFIGS):
+            for i, (label, run, hosts, mode, steps, connections, encoding) in enumerate(configs):
                 targets = {"trivial": (trivial_port, trivial)} if run is None else trees
                 for tree, (at, process) in targets.items():
                     base = 10_000 + (round_ * len(CONFIGS) + i) * 10_000_000  # fresh steps every time
@@ -393,7 +396,7 @@ def main() -> None:
         f"{'not ' if m['wrk_cpu'] < 0.5 else ''}the bottleneck), p50 {m['p50_us'] / 1e3:.2f} ms, p99 "
         f"{m['p99_us'] / 1e3:.2f} ms, server CPU {m['server_cpu_us']:,.0f} us/request; load "
         f"{', '.join(format(r['load'], '.1f') for r in results['trivial', 'trivial endpoint'])}")
-    for label, _run, _hosts, _mode, _steps, connections, _encoding in CONFIGS[1:]:
+    for label, _run, _hosts, _mode, _steps, connections, _encoding in configs[1:]:
         for tree in trees:
             m = med[tree, label]
             lines.append(
