@@ -117,9 +117,8 @@ def wrk(script: str, port: int, pid: int, connections: int, seconds: int, **env:
 # Where a /shards request's time goes: a frame of py-spy's stacks -> its bucket (first match wins).
 BUCKETS = [
     ("writing the answer to the socket (uvicorn send)", "RequestResponseCycle.send (uvicorn"),
-    ("index math of a whole step (8 slices)", "step_slices (taskdata/index/host_reads.py"),
-    ("index math of one slice alone", "step_slice (taskdata/index/host_reads.py"),
-    ("the step's JSON (base64 columns, files)", "(taskdata/index/reads_json.py"),
+    ("index math of a whole step, or of one slice alone", "step_slices (taskdata/index/host_slices.py"),
+    ("the step's JSON (base64 columns, files)", "(taskdata/index/step_json.py"),
     ("a slice cut from its whole step, step LRU", "AnswerCache.step_json (server/assignments.py"),
     ("the answer around them (run, answer LRU, body)", "_answer (server/routers/shards.py"),
     ("the route: its query validated, its response", "get_shards (server/routers/shards.py"),

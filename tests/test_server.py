@@ -25,62 +25,37 @@ from pydantic import SecretStr
 
 import server.assignments as assignments
 from server.assignments import AnswerCache, step_json
-from server.main import create_app
 from server.metrics import BUCKETS
 from server.models import MAX_STEP, ReadColumns, ShardsResponse, TaskReads
 from server.settings import Settings, get_settings
 from taskdata.cache.tfrecord import iter_records
 from taskdata.index import (
-    BatchSchedule,
     PlanError,
     RunPlan,
     RunTables,
-    SkipRange,
     assign,
+    chain,
     from_json,
     global_batch,
-    host_reads,
     slice_positions,
-    step_reads,
+    step_slices,
     to_json,
 )
 from taskdata.index.columns import column_values
-from taskdata.runs import build_run
 from tests.helpers import metric_samples
-from tests.test_runs import copy_caches, current_dir, make_registry, mix_run, shared_caches
+from tests.run_helpers import copy_caches, current_dir, mix_run
+from tests.server_helpers import TOKEN, make_app, server_env
 
-TOKEN = "tok-9f8e7d6c5b4a-secret"
-
-
-def solo_run(root: Path):
-    return build_run(
-        make_registry(),
-        str(root),
-        name="solo",
-        mixture="toy_det",
-        seed=3,
-        schedule=BatchSchedule.ramp(4, 8, 6, multiple_of=4),
-        num_data_shards=2,
-        skip=(SkipRange(2, 4),),
-    )
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    root = copy_caches(tmp_path_factory, "server")
-    runs_file = root.parent / "runs.json"
-    mix, solo = mix_run(root), solo_run(root)
-    # One run record and one bare plan: the runs file takes both forms.
-    runs_file.write_text(json.dumps([mix.to_dict(), solo.plan.to_dict()]))
-    text_dir = shared_caches(tmp_path_factory).parent / "caches-text"
-    return types.SimpleNamespace(root=root, runs_file=runs_file, mix=mix, solo=solo, text_dir=text_dir)
+    return server_env(tmp_path_factory)
 
 
 def make_client(env, **settings) -> TestClient:
-    app = create_app(registry=make_registry())
-    fields = {"cache_root": str(env.root), "runs_file": str(env.runs_file), "default_run": "mix", **settings}
-    app.dependency_overrides[get_settings] = lambda: Settings(**fields)
-    return TestClient(app)
+    return TestClient(make_app(env, **settings))
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +189,7 @@ def test_the_scalar_chain_past_int64_writes_the_same_answers_as_the_arrays(clien
     answers = {}
     for fits in (True, False):
         if not fits:
-            monkeypatch.setattr(host_reads, "fits_int64", lambda plan, positions: False)
+            monkeypatch.setattr(chain, "fits_int64", lambda plan, positions: False)
         for name, index, count, step in cases:
             run, _ = state.find_run(name)
             caches = state.resolver.cached(run) or state.resolver.resolve_run(run)
@@ -298,7 +273,7 @@ def test_decoded_answers_equal_the_reads_the_index_math_computes(client, env, en
             for first in (0, 29, 10**9):
                 answer = shards(client, step=first, steps=3, **params)
                 for step in answer["steps"]:
-                    assert from_json(step) == step_reads(tables, step["step"], index, count)
+                    assert from_json(step) == step_slices(tables, step["step"], count, only=index)[0]
 
 
 def test_fewer_hosts_than_data_shards_read_the_union_of_consecutive_data_shards_as_one_slice(client):
@@ -814,10 +789,7 @@ def test_errors_inside_an_answer_are_worded_by_the_apps_handlers_and_counted(env
     for failure, status, body in ((plan_error, 400, b'{"detail":"No such step in this plan."}'),
                                   (bug, 500, b"Internal Server Error")):  # fmt: skip
         monkeypatch.setattr("server.routers.shards._answer", failure)
-        app = create_app(registry=make_registry())
-        fields = {"cache_root": str(env.root), "runs_file": str(env.runs_file), "default_run": "mix"}
-        app.dependency_overrides[get_settings] = lambda fields=fields: Settings(**fields)
-        with TestClient(app, raise_server_exceptions=False) as client:
+        with TestClient(make_app(env), raise_server_exceptions=False) as client:
             response = client.get("/shards?host=0&step=0")
             scraped = metric_samples(client.get("/metrics").text)["taskdata_http_requests_total"]
         assert (response.status_code, response.content) == (status, body)
@@ -829,23 +801,23 @@ def test_errors_inside_an_answer_are_worded_by_the_apps_handlers_and_counted(env
 
 @pytest.fixture
 def tables(env):
-    with make_client(env) as client:
-        state = client.app.state.server
+    app = make_app(env)
+    with TestClient(app):
+        state = app.state.server
         run, _ = state.find_run("mix")
         caches = state.resolver.resolve_run(run)
     return RunTables.of(run.plan, caches)
 
 
 def counting(monkeypatch) -> dict[str, int]:
-    calls = {"step_slice": 0, "step_slices": 0}
-    for name in calls:
-        real = getattr(assignments, name)
+    calls = {"alone": 0, "whole": 0}
+    real = assignments.step_slices
 
-        def counted(*args, _real=real, _name=name):
-            calls[_name] += 1
-            return _real(*args)
+    def counted(*args, only=None):
+        calls["whole" if only is None else "alone"] += 1
+        return real(*args, only=only)
 
-        monkeypatch.setattr(assignments, name, counted)
+    monkeypatch.setattr(assignments, "step_slices", counted)
     return calls
 
 
@@ -856,34 +828,34 @@ def test_hosts_of_a_step_share_its_index_math_and_lone_requests_compute_their_sl
     def ask(step, hosts):
         for host in hosts:
             body = step_json(cache, "mix", tables, step, host, 4, "base64")
-            assert body == to_json(step_reads(tables, step, host, 4), "base64")
+            assert body == to_json(step_slices(tables, step, 4, only=host)[0], "base64")
 
     ask(5, [2])  # a new step, nothing known of the run: this slice alone
-    assert calls == {"step_slice": 1, "step_slices": 0}
+    assert calls == {"alone": 1, "whole": 0}
     ask(5, [0, 1, 3])  # its second host computes the whole step; the others cut from it
-    assert calls == {"step_slice": 1, "step_slices": 1}
+    assert calls == {"alone": 1, "whole": 1}
     ask(6, [1, 0, 2, 3])  # the run's last new step was shared: the whole of the next at once
-    assert calls == {"step_slice": 1, "step_slices": 2}
+    assert calls == {"alone": 1, "whole": 2}
     ask(7, [0])  # one of the last two was shared: whole (two steps too many when the hosts stop sharing)
     ask(8, [3])
-    assert calls == {"step_slice": 1, "step_slices": 4}
+    assert calls == {"alone": 1, "whole": 4}
     ask(9, [1])  # the last two were asked for once each: alone again
     ask(10, [2])
-    assert calls == {"step_slice": 3, "step_slices": 4}
+    assert calls == {"alone": 3, "whole": 4}
     # Hosts in step again, two steps in flight: the first of a step comes before the second of the step
     # before. Once they share, a new step is computed whole even then.
     ask(12, [0])
     ask(13, [0])
     ask(12, [1, 2, 3])
     ask(13, [1, 2, 3])
-    assert calls == {"step_slice": 5, "step_slices": 6}
+    assert calls == {"alone": 5, "whole": 6}
     ask(14, [0])
     ask(15, [0])  # the step before has one host so far, the one before that all four: whole
     ask(14, [1, 2, 3])
     ask(15, [1, 2, 3])
-    assert calls == {"step_slice": 5, "step_slices": 8}
+    assert calls == {"alone": 5, "whole": 8}
     step_json(cache, "mix", tables, 21, 0, 2, "ints")  # another slice count keeps its own record
-    assert calls["step_slice"] == 6
+    assert calls["alone"] == 6
 
 
 def test_the_step_caches_are_bounded(tables):

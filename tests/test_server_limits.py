@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from server.header_guard import HeaderLimits
 from server.settings import Settings
 from taskdata.cli import build_parser
-from tests.test_server_uvicorn import Server, environment
+from tests.server_helpers import Server, environment
+
+pytestmark = pytest.mark.slow  # servers
 
 TOKEN = "limits-token-6f1e"
 READ_DEADLINE = 20.0  # seconds any one read may take before the test gives up
@@ -242,14 +243,6 @@ def test_head_and_get_answers_arrive_whole_on_one_kept_alive_connection(quick):
     sock.close()
 
 
-def test_header_limits_check_themselves():
-    with pytest.raises(ValueError, match="max_header_bytes must be a positive number of bytes but got 0"):
-        HeaderLimits(0, 1.0)
-    with pytest.raises(ValueError, match="header_timeout must be a positive number of seconds but got 0"):
-        HeaderLimits(1024, 0.0)
-
-
-@pytest.mark.slow
 def test_a_later_request_that_breaks_a_limit_closes_its_connection_without_an_answer(quick):
     # An answer to the request before may still be under way on a kept-alive connection: nothing is written
     # into it, the connection is closed. The guard finds where each request ends, bodies and pipelining too.
@@ -274,7 +267,6 @@ def test_a_later_request_that_breaks_a_limit_closes_its_connection_without_an_an
     assert answer == b"" and 0.9 <= closed - started < 5  # the 1 s header deadline
 
 
-@pytest.mark.slow
 def test_bytes_after_an_upgrade_request_close_the_connection(quick):
     # No upgrade is accepted (no WebSocket route); uvicorn answers such a request as any other but reads no
     # further request on its connection, so nothing more may be sent on it.
@@ -285,7 +277,6 @@ def test_bytes_after_an_upgrade_request_close_the_connection(quick):
         assert read_until_closed(sock)[0] == b""
 
 
-@pytest.mark.slow
 def test_serve_exits_3_when_it_cannot_listen(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
