@@ -296,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="BYTES",
-        help="largest request line plus headers (default 65536); larger: 431 and the connection is closed",
+        help="largest request line plus headers (default 65536); larger: 431 (none on a kept-alive connection's later "
+        "request) and the connection is closed",
     )
     limits.add_argument(
         "--header-timeout",
@@ -304,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="time to send a request line and headers, from connecting or from a request's first byte "
-        "(default 10); slower: 408 and the connection is closed",
+        "(default 10); slower: 408 (none on a kept-alive connection's later request) and the connection is closed",
     )
     limits.add_argument(
         "--keep-alive-timeout",
@@ -827,11 +828,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from taskdata.extras import require
 
     require("fastapi", "server", "taskdata serve")
-    import uvicorn
 
     from server.main import create_app
+    from server.serving import serve
     from server.settings import Settings
     from server.state import state_of
+    from taskdata.exits import EXIT_DATA
 
     given = {
         "cache_root": args.cache_root,
@@ -858,28 +860,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     runs = [name for name, _ in state.run_names()]
     print(f"taskdata serve: cache root {state.resolver.cache_root}; {len(runs)} run(s): "
           f"{', '.join(runs) or 'none yet (create one with taskdata plan)'}", file=sys.stderr, flush=True)
-    uvicorn.run(app, **serve_options(settings, app, access_log=not args.no_access_log))
+    if not serve(app, settings, access_log=not args.no_access_log):
+        return EXIT_DATA  # uvicorn said why (e.g. the port is taken)
     return 0
-
-
-def serve_options(settings: Settings, app: Any, *, access_log: bool) -> dict[str, Any]:
-    """``uvicorn.run``'s options for ``taskdata serve``: its protocol carries ``app``'s door (``server.protocol``)."""
-    from server.protocol import limited_protocol
-
-    return {
-        "host": settings.host,
-        "port": settings.port,
-        "access_log": access_log,
-        "log_level": "info",
-        "workers": 1,
-        # httptools (a declared dependency) with the header limits uvicorn lacks and the app's door for
-        # GET /shards; uvloop is picked too where it is installed. No WebSocket route exists, so no
-        # upgrade is accepted.
-        "http": limited_protocol(settings, app),
-        "ws": "none",
-        # uvicorn annotates int, but only hands it to loop.call_later, which takes float seconds.
-        "timeout_keep_alive": settings.keep_alive_seconds,
-    }
 
 
 def _serve_settings(settings_type: type[Settings], given: dict[str, Any]) -> Settings:
