@@ -88,6 +88,9 @@ class _Step:
 
     asked: int = 0
     slices: StepSlices | None = None
+    # Held while one thread computes the whole step: the step's other hosts wait for it instead of computing it
+    # again each (a pod's hosts of a new window arrive while its first one computes).
+    computing: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     # Per encoding, the writer of the step's slices' JSON (what is the same for every slice, done once).
     json: dict[str, StepJson] = dataclasses.field(default_factory=dict)
 
@@ -169,8 +172,8 @@ class AnswerCache:
 
     def step_reads(self, run: str, tables: RunTables, step: int, index: int, count: int) -> StepReads:
         """Slice ``index`` of ``count`` at ``step``: cut from the whole step, or computed alone when the
-        step is new and the run's last two new steps were asked for once each (module docstring). Two
-        threads may both compute a step: equal results."""
+        step is new and the run's last two new steps were asked for once each (module docstring). A whole
+        step is computed once: its other askers wait for it."""
         slices, at, _ = self._slices(run, tables, step, index, count)
         return slices[at]
 
@@ -182,8 +185,11 @@ class AnswerCache:
         if entry is None:
             return StepJson(slices, encoding)[at]
         writer = entry.json.get(encoding)
-        if writer is None:  # two threads may both make one: equal results
-            writer = entry.json[encoding] = StepJson(slices, encoding)
+        if writer is None:
+            with entry.computing:  # made once, like the step
+                writer = entry.json.get(encoding)
+                if writer is None:
+                    writer = entry.json[encoding] = StepJson(slices, encoding)
         return writer[at]
 
     def _slices(
@@ -212,8 +218,11 @@ class AnswerCache:
         if slices is None:
             if not whole:
                 return step_slices(tables, step, count, only=index), 0, None
-            # An entry pushed out of the LRU meanwhile is dropped with what it holds: the bound stands.
-            slices = entry.slices = step_slices(tables, step, count)
+            with entry.computing:
+                slices = entry.slices
+                if slices is None:
+                    # An entry pushed out of the LRU meanwhile is dropped with what it holds: the bound stands.
+                    slices = entry.slices = step_slices(tables, step, count)
         return slices, index, entry
 
     def clear_step_slices(self) -> None:

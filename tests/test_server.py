@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import shutil
+import threading
 import time
 import types
 from pathlib import Path
@@ -856,6 +857,40 @@ def test_hosts_of_a_step_share_its_index_math_and_lone_requests_compute_their_sl
     assert calls == {"alone": 5, "whole": 8}
     step_json(cache, "mix", tables, 21, 0, 2, "ints")  # another slice count keeps its own record
     assert calls["alone"] == 6
+
+
+def test_hosts_arriving_while_a_step_is_computed_wait_for_it_instead_of_computing_it_again(tables, monkeypatch):
+    calls = counting(monkeypatch)
+    counted = assignments.step_slices
+    started, release = threading.Event(), threading.Event()
+
+    def slow(*args, only=None):  # the first whole computation holds until every other host has asked
+        if only is None:
+            started.set()
+            assert release.wait(30)
+        return counted(*args, only=only)
+
+    monkeypatch.setattr(assignments, "step_slices", slow)
+    cache = AnswerCache(0)
+    release.set()
+    step_json(cache, "mix", tables, 3, 0, 4, "base64")  # a step asked for twice: the run's hosts share steps
+    step_json(cache, "mix", tables, 3, 1, 4, "base64")
+    assert calls == {"alone": 1, "whole": 1}
+    release.clear()
+    started.clear()
+    bodies: dict[int, bytes] = {}
+    threads = [threading.Thread(target=lambda h=h: bodies.__setitem__(h, step_json(cache, "mix", tables, 4, h % 4, 4,
+                                                                                     "base64"))) for h in range(8)]
+    threads[0].start()
+    assert started.wait(30)
+    for thread in threads[1:]:
+        thread.start()
+    time.sleep(0.2)  # the others are in, waiting on the first
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert calls == {"alone": 1, "whole": 2}  # step 4 computed whole once for its 8 hosts
+    assert all(bodies[h] == to_json(step_slices(tables, 4, 4, only=h % 4)[0], "base64") for h in range(8))
 
 
 def test_the_step_caches_are_bounded(tables):
