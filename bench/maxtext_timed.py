@@ -5,9 +5,11 @@ instrument; run with the MaxText environment's Python).
     python bench/maxtext_timed.py --waits FILE grain -- CONFIG.yml dataset_type=grain ...
 
 ``taskdata`` runs ``trainer_client.maxtext.train`` (taskdata's pipeline), ``grain`` MaxText's ``train.main``
-as ``python -m maxtext.trainers.pre_train.train`` does. Both with one timer around MaxText's
-``DataLoader.load_next_batch_pre_sharding`` (where its loop takes the next batch: ``next()`` on the data
-iterator and its global arrays): measurement only, the one place the benchmark reaches into MaxText.
+as ``python -m maxtext.trainers.pre_train.train`` does. Both with two timers, measurement only (the one place
+the benchmark reaches into MaxText): ``loop``, around ``DataLoader.load_next_batch_pre_sharding`` (where
+MaxText's loop takes the next batch: the pipeline's next host rows and their global arrays), and
+``pipeline``, around ``next()`` of the iterator ``MultiHostDataLoadIterator`` takes host rows from (the
+pipeline's own part). ``FILE`` gets both lists of seconds, one entry per batch.
 """
 
 from __future__ import annotations
@@ -23,17 +25,30 @@ def main(argv: list[str]) -> int:
         return 2
     waits_path, pipeline, rest = argv[1], argv[2], argv[3:]
     from maxtext.common import data_loader
+    from maxtext.input_pipeline import multihost_dataloading
 
-    waits: list[float] = []
-    original = data_loader.DataLoader.load_next_batch_pre_sharding
+    waits: dict[str, list[float]] = {"loop": [], "pipeline": []}
+    load_next = data_loader.DataLoader.load_next_batch_pre_sharding
+    init = multihost_dataloading.MultiHostDataLoadIterator.__init__
+    reset = multihost_dataloading.MultiHostDataLoadIterator.reset
 
-    def timed(self):  # type: ignore[no-untyped-def]
+    def timed_load_next(self):  # type: ignore[no-untyped-def]
         started = time.perf_counter()
-        batch = original(self)
-        waits.append(time.perf_counter() - started)
+        batch = load_next(self)
+        waits["loop"].append(time.perf_counter() - started)
         return batch
 
-    data_loader.DataLoader.load_next_batch_pre_sharding = timed
+    def timed_init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        init(self, *args, **kwargs)
+        self.local_iterator = _Timed(self.local_iterator, waits["pipeline"])
+
+    def timed_reset(self):  # type: ignore[no-untyped-def]
+        reset(self)
+        self.local_iterator = _Timed(self.local_iterator, waits["pipeline"])
+
+    data_loader.DataLoader.load_next_batch_pre_sharding = timed_load_next
+    multihost_dataloading.MultiHostDataLoadIterator.__init__ = timed_init
+    multihost_dataloading.MultiHostDataLoadIterator.reset = timed_reset
     code = 0
     try:
         if pipeline == "taskdata":
@@ -51,6 +66,23 @@ def main(argv: list[str]) -> int:
         with open(waits_path, "w") as f:
             json.dump(waits, f)
     return code
+
+
+class _Timed:
+    """The pipeline's own iterator (what MaxText's ``MultiHostDataLoadIterator`` takes host rows from), timed."""
+
+    def __init__(self, iterator, times: list[float]):  # type: ignore[no-untyped-def]
+        self._iterator, self._times = iterator, times
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __next__(self):  # type: ignore[no-untyped-def]
+        started = time.perf_counter()
+        try:
+            return next(self._iterator)
+        finally:
+            self._times.append(time.perf_counter() - started)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,15 @@ def test_processes_read_disjoint_rows_that_make_the_plans_batches_at_maxtexts_fi
     assert {k: v for k, v in read_batch_hashes(str(merged)).items()} == read_batch_hashes(str(tmp_path / "one"))
 
 
+def test_read_worker_processes_give_the_same_elements(cache_root):
+    layout = BatchLayout(rows=8, trained_rows=8, devices=4)
+    plain = elements(read(cache_root, [0, 1], layout, stop=10))
+    settings = TaskdataInput(run=data.TRAIN_RUN, cache_root=cache_root, workers=1)
+    pooled = elements(RunRows(settings, data.TRAIN_RUN, layout, [0, 1], CONFIG, start=0, stop=10, kind="train",
+                              what="global_batch_size_to_train_on"))
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(plain, pooled, strict=True) for k in a)
+
+
 def test_per_device_batch_below_one_puts_the_plans_rows_on_maxtexts_first_devices(cache_root):
     # per_device_batch_size=0.5 on 16 devices: MaxText loads 16 rows, one a device, and trains on the first 8.
     layout = BatchLayout(rows=16, trained_rows=8, devices=16)

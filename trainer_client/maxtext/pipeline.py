@@ -70,7 +70,8 @@ class TaskdataInput:
         validation``); needed when ``eval_interval > 0``.
       feature: the caches' token feature (with its ``_segment_ids`` and ``_positions``).
       batch_log: a folder for ``batch_log.StepLog`` files (one per process), or None.
-      lookahead, prefetch: as for ``DataIterator``.
+      lookahead, prefetch, workers: as for ``DataIterator`` (``workers``: processes that read the batches, so
+        that reading takes neither MaxText's interpreter lock nor its process's time).
     """
 
     run: str
@@ -82,6 +83,7 @@ class TaskdataInput:
     batch_log: str | None = None
     lookahead: int = 16
     prefetch: int = 4
+    workers: int = 0
 
     def __post_init__(self) -> None:
         if (self.cache_root is None) == (self.server is None):
@@ -231,7 +233,8 @@ class RunRows:
         lengths = dict.fromkeys(self._names, self._length)
         self._open = [
             DataIterator(self._settings.open(self._run), lengths, start=self._start, host_slice=piece.host_slice,
-                         stop_step=self.stop, lookahead=self._settings.lookahead, prefetch=self._settings.prefetch)
+                         stop_step=self.stop, lookahead=self._settings.lookahead, prefetch=self._settings.prefetch,
+                         workers=self._settings.workers)
             for piece in self._pieces if piece.host_slice is not None
         ]
         return self._steps(self._open)

@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="append each step's row digests to DIR/process_I.jsonl (trainer_client.maxtext.batch_log)")
     source.add_argument("--lookahead", type=int, default=16, help="steps of read instructions per request")
     source.add_argument("--prefetch", type=int, default=4, help="batches read ahead of the train step")
+    source.add_argument("--workers", type=int, default=0,
+                        help="processes that read batches (0: threads of MaxText's process read them)")
     hosts = p.add_argument_group("hosts (leave out where MaxText initializes jax.distributed itself)")
     hosts.add_argument("--coordinator", help="HOST:PORT of process 0, to run several processes")
     hosts.add_argument("--num-processes", type=int, default=1)
@@ -148,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 token = f.read().strip()
         settings = TaskdataInput(
             run=args.run, cache_root=args.cache_root, server=args.server, token=token, eval_run=args.eval_run,
-            feature=args.feature, batch_log=args.batch_log, lookahead=args.lookahead, prefetch=args.prefetch)
+            feature=args.feature, batch_log=args.batch_log, lookahead=args.lookahead, prefetch=args.prefetch,
+            workers=args.workers)
         command = [PROG, *maxtext_argv(args.maxtext)]
         _initialize_distributed(args)
         built = install(settings)
