@@ -78,6 +78,28 @@ def test_processes_read_disjoint_rows_that_make_the_plans_batches_at_maxtexts_fi
     assert {k: v for k, v in read_batch_hashes(str(merged)).items()} == read_batch_hashes(str(tmp_path / "one"))
 
 
+def test_the_cache_is_every_documents_tokens_but_each_shards_counted_last_partial_row(cache_root):
+    from taskdata.cache.format import current_version, load_manifest, task_dir
+    from taskdata.define.registry import Registry
+
+    version = current_version(task_dir(cache_root, data.TASK))
+    manifest = load_manifest(version)
+    registry = Registry()
+    registry.load_module(data.MODULE)
+    task = registry.get_task(data.TASK)
+    vocabulary = task.output_features["targets"].vocabulary
+    source = task.source
+    for split in ("train", "validation"):
+        shards = source.list_shards(split)
+        tokens = sum(len(ids) + 1 for shard in shards for ids in
+                     vocabulary.encode_batch([r["text"] for r in source.read_shard(split, shard)]) if len(ids))
+        counters = manifest.splits[split].counters
+        dropped = counters["concatenate_and_chunk/final_partial_row_tokens_dropped"]
+        assert manifest.splits[split].num_records * data.ROW_LENGTH + dropped == tokens
+        assert 0 < dropped < len(shards) * data.ROW_LENGTH
+        assert counters["concatenate_and_chunk/final_partial_rows_dropped"] == len(shards)
+
+
 def test_read_worker_processes_give_the_same_elements(cache_root):
     layout = BatchLayout(rows=8, trained_rows=8, devices=4)
     plain = elements(read(cache_root, [0, 1], layout, stop=10))

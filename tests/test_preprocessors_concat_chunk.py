@@ -141,3 +141,20 @@ def test_errors_name_the_task_and_the_fix():
         list(ConcatenateAndChunk()(iter([{"targets": "text", "_source_index": 0}]), context(4)))
     with pytest.raises(ValueError, match=r"feature must be the name of an output feature"):
         ConcatenateAndChunk("_meta")
+
+
+def test_the_builtin_c4_lm_task_is_bpe_tokenized_documents_in_rows_of_512(tmp_path):
+    from taskdata.config import Config
+    from taskdata.define.hf_vocabulary import HuggingFaceVocabulary
+    from taskdata.define.registry import Registry
+    from taskdata.preprocessors import Rekey, Tokenize
+    from taskdata.tasks import register_builtin_tasks
+
+    registry = Registry()
+    register_builtin_tasks(registry, Config(home=str(tmp_path)))
+    task = registry.get_task("c4_lm")
+    assert [type(p) for p in task.preprocessors] == [Rekey, Tokenize, ConcatenateAndChunk]
+    assert dict(task.sequence_length) == {"targets": 512}
+    assert isinstance(task.output_features["targets"].vocabulary, HuggingFaceVocabulary)
+    assert task.output_features["targets"].add_eos
+    assert not any(tmp_path.iterdir())  # nothing is built before it is used
