@@ -54,7 +54,7 @@ class Launch:
 
     def __init__(self, maxtext: tuple[str, str], cache_root: str, folder: str, overrides: Sequence[str], *,
                  devices: int, process: int = 0, processes: int = 1, port: int | None = None,
-                 launcher: Sequence[str] = ()):
+                 launcher: Sequence[str] = (), model: Sequence[str] = data.MODEL):
         python, config = maxtext
         os.makedirs(folder, exist_ok=True)
         self.log_path = os.path.join(folder, f"maxtext_{process}.log")
@@ -63,7 +63,7 @@ class Launch:
         command = [python, "-m", "trainer_client.maxtext.train", "--cache-root", cache_root, "--run", data.TRAIN_RUN,
                    "--batch-log", os.path.join(folder, "batches"), *hosts, *launcher, "--",
                    # The launcher has initialized jax.distributed for several processes; one needs none.
-                   config, "hardware=cpu", "skip_jax_distributed_system=true", *data.MODEL, f"steps={STEPS}", f"metrics_file={os.path.join(folder, f'metrics_{process}.jsonl')}",
+                   config, "hardware=cpu", "skip_jax_distributed_system=true", *model, f"steps={STEPS}", f"metrics_file={os.path.join(folder, f'metrics_{process}.jsonl')}",
                    *overrides]
         env = {**os.environ, **data.task_env(), "DECOUPLE_GCLOUD": "TRUE", "JAX_PLATFORMS": "cpu",
                "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -183,3 +183,18 @@ def test_maxtext_trains_the_plans_batches_and_resumes_them_exactly_on_another_nu
     with open(os.path.join(first, "maxtext_0.log")) as f:
         weights = [float(w) for w in re.findall(r"Completed eval after train step \d+, .*total_weights=([\d.]+)", f.read())]
     assert weights == [sum(w for _, w in eval_plan.values())] * 2
+
+
+def test_a_pipeline_error_inside_maxtexts_loop_ends_the_launcher_with_that_error(maxtext, cache_root, tmp_path):
+    # MaxText's data loader turns the error into a graceful stop (exit 0); the launcher ends with it instead.
+    folder = str(tmp_path / "small_vocab")
+    launch = Launch(maxtext, cache_root, folder, [f"per_device_batch_size={data.BATCH // 4}", "vocab_size=100",
+                                                  "run_name=small", f"base_output_directory={folder}",
+                                                  "enable_checkpointing=false"], devices=4,
+                    model=[m for m in data.MODEL if not m.startswith("vocab_size=")])
+    assert launch.wait(timeout=600) == 2, launch.tail()
+    with open(launch.log_path, errors="replace") as f:
+        errors = [line.strip() for line in f if line.startswith("python -m trainer_client.maxtext.train: error:")]
+    assert len(errors) == 1, launch.tail()
+    assert re.fullmatch(r"python -m trainer_client\.maxtext\.train: error: Step 0 of run 'lm' holds token id \d+, but "
+                        r"MaxText's vocab_size is 100: set vocab_size to at least the tokenizer's size\.", errors[0])

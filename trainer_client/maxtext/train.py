@@ -22,6 +22,8 @@ the step MaxText restores (``resume``), as MaxText's own ``olmo_grain`` pipeline
 
 Exit codes as for every taskdata command: 2 for a setting or run the pipeline cannot honour (one line on
 stderr naming it and the fix), 3 when reading fails (a cache or the assignment server), else MaxText's own.
+MaxText's data loader turns an error of the data iterator into a graceful stop (exit 0, "Training stopped");
+the launcher keeps the pipeline's error and ends with it instead.
 """
 
 from __future__ import annotations
