@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 
 def main(argv: list[str]) -> int:
@@ -32,17 +33,17 @@ def main(argv: list[str]) -> int:
     init = multihost_dataloading.MultiHostDataLoadIterator.__init__
     reset = multihost_dataloading.MultiHostDataLoadIterator.reset
 
-    def timed_load_next(self):  # type: ignore[no-untyped-def]
+    def timed_load_next(self: Any) -> Any:
         started = time.perf_counter()
         batch = load_next(self)
         waits["loop"].append(time.perf_counter() - started)
         return batch
 
-    def timed_init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def timed_init(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         self.local_iterator = _Timed(self.local_iterator, waits["pipeline"])
 
-    def timed_reset(self):  # type: ignore[no-untyped-def]
+    def timed_reset(self: Any) -> None:
         reset(self)
         self.local_iterator = _Timed(self.local_iterator, waits["pipeline"])
 
@@ -71,13 +72,13 @@ def main(argv: list[str]) -> int:
 class _Timed:
     """The pipeline's own iterator (what MaxText's ``MultiHostDataLoadIterator`` takes host rows from), timed."""
 
-    def __init__(self, iterator, times: list[float]):  # type: ignore[no-untyped-def]
+    def __init__(self, iterator: Any, times: list[float]):
         self._iterator, self._times = iterator, times
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> _Timed:
         return self
 
-    def __next__(self):  # type: ignore[no-untyped-def]
+    def __next__(self) -> Any:
         started = time.perf_counter()
         try:
             return next(self._iterator)

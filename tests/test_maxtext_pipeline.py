@@ -25,6 +25,7 @@ from trainer_client.maxtext.pipeline import (
     TaskdataInput,
     _check_config,
     _eval_steps,
+    eval_iterator,
 )
 
 pytestmark = pytest.mark.slow
@@ -211,3 +212,10 @@ def test_what_the_pipeline_cannot_honour_is_refused_by_name(cache_root):
         _check_config(types.SimpleNamespace(**{**base, "enable_rampup_batch_size": True}))
     with pytest.raises(ValueError, match=r"give exactly one of cache_root and server"):
         TaskdataInput(run="lm")
+    evals = types.SimpleNamespace(**base, generate_padding_batch_eval=True, eval_steps=-1, eval_interval=10)
+    with pytest.raises(MaxTextConfigError, match=r"generate_padding_batch_eval=true with eval_steps=-1 never ends an "
+                                                 r"eval.*Set generate_padding_batch_eval=false"):
+        eval_iterator(TaskdataInput(run=data.TRAIN_RUN, cache_root=cache_root, eval_run=data.EVAL_RUN), evals, None, [0])
+    with pytest.raises(MaxTextConfigError, match=r"eval_interval=10 makes MaxText evaluate, but no eval run was "
+                                                 r"given.*--eval-run NAME, or set eval_interval=-1"):
+        eval_iterator(TaskdataInput(run=data.TRAIN_RUN, cache_root=cache_root), evals, None, [0])

@@ -127,6 +127,12 @@ def eval_iterator(settings: TaskdataInput, config: Any, mesh: Mesh, process_indi
             "the validation split ('taskdata plan --name NAME --split validation ...') and pass --eval-run NAME, or "
             "set eval_interval=-1."
         )
+    if config.generate_padding_batch_eval and config.eval_steps <= 0:
+        raise MaxTextConfigError(
+            f"generate_padding_batch_eval=true with eval_steps={config.eval_steps} never ends an eval: MaxText "
+            "pads forever after the eval run's pass. Set generate_padding_batch_eval=false (the pass ends by "
+            "itself, its last rows zero-weight) or eval_steps to a number of steps."
+        )
     layout = BatchLayout(config.global_batch_size_to_load_eval, config.global_batch_size_to_eval_on, mesh.devices.size)
     rows = RunRows(settings, settings.eval_run, layout, _positions(mesh, layout, process_indices), config,
                    start=0, stop=None, kind="eval", what="global_batch_size_to_eval_on")
