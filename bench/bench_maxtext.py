@@ -158,7 +158,8 @@ def main() -> None:
             shutil.rmtree(folder, ignore_errors=True)
             results[pipeline].append(run(args.maxtext_python, pipeline, folder, caches, parquet, config, args))
             print(pipeline, round_number, results[pipeline][-1], flush=True)
-    lines = [f"MaxText 0.2.5's train loop, tiny decoder (2 layers, width 64, vocabulary {VOCAB}), rows of {ROW_LENGTH} "
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    lines = [f"at {commit}: MaxText 0.2.5's train loop, tiny decoder (2 layers, width 64, vocabulary {VOCAB}), rows of {ROW_LENGTH} "
              f"tokens, {batch} rows a step ({args.devices} CPU devices x {args.per_device_batch}), {args.steps} steps "
              f"(the first {args.warmup} left out), {args.rounds} rounds (medians); load average "
              f"{min(loads):.1f}-{max(loads):.1f}:"]
