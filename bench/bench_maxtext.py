@@ -169,6 +169,12 @@ def main() -> None:
                      f"{median['wait_p90_ms']:.2f} ms p90, {median['wait_mean_ms']:.2f} ms mean, of which in the "
                      f"pipeline's own next() {median['own_median_ms']:.2f} ms median, {median['own_p90_ms']:.2f} ms "
                      f"p90; {median['steps_per_s']:.1f} steps/s ({median['step_median_ms']:.1f} ms a step, median)")
+    lines.append('the timers (`bench/maxtext_timed.py`): "data wait" around MaxText\'s `DataLoader.load_next_batch_pre_sharding` '
+                 "(the pipeline's next host rows and MaxText's `MultiHostDataLoadIterator` making global arrays of them), "
+                 '"own next()" around `next()` of the iterator MaxText takes host rows from. Grain (MaxText\'s defaults: '
+                 "one worker process, 16 threads, a window shuffle of 100) reads the run's first "
+                 f"{args.steps * batch:,} rows, written in the run's order to 8 Parquet files; taskdata reads them from "
+                 "its cache (`--workers 1`: one read worker process)")
     for line in lines:
         print(line)
     write_section("MaxText: taskdata's pipeline against MaxText's Grain pipeline", lines)
