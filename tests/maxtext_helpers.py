@@ -4,7 +4,8 @@ The data: a 400-document C4-format corpus (the built-in recipe at a small size),
 trained on it, and ``tests.maxtext_tasks``' ``maxtext_lm`` (documents joined with EOS, rows of 128 tokens) cached
 with seed 0: about 2,350 train and 400 validation rows, built in a few seconds. Two runs over it: ``lm`` (a
 ramp of the global batch from 4 to 8 rows over the first 6 steps, the data of steps 14 and 15 skipped) and
-``lm_eval`` (the validation split, 8 rows a step).
+``lm_eval`` (the validation split, 8 rows a step), and ``lm_uneven``, a ramp whose steps the tests' 4 devices
+cannot all hold evenly.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ TASK = "maxtext_lm"
 ROW_LENGTH = 128
 VOCAB_SIZE = 1024
 TRAIN_RUN, EVAL_RUN = "lm", "lm_eval"
+# A ramp from 4 to 8 rows without --multiple-of: step 2 has 5 rows, which 4 devices cannot hold evenly.
+UNEVEN_RUN = "lm_uneven"
 BATCH = 8
 SKIPPED = (14, 15)
 NAMES = ("targets", "targets_segment_ids", "targets_positions")
@@ -63,6 +66,8 @@ def build(root: str) -> str:
         ["plan", "--name", TRAIN_RUN, "--mixture", TASK, "--cache-root", caches, "--seed", "0", "--batch-size", "4",
          "--ramp-to", str(BATCH), "--ramp-steps", "6", "--multiple-of", "4", "--num-data-shards", "1",
          "--skip", f"{SKIPPED[0]}:{SKIPPED[-1] + 1}"],
+        ["plan", "--name", UNEVEN_RUN, "--mixture", TASK, "--cache-root", caches, "--seed", "0", "--batch-size", "4",
+         "--ramp-to", str(BATCH), "--ramp-steps", "6", "--num-data-shards", "1"],
         ["plan", "--name", EVAL_RUN, "--mixture", TASK, "--cache-root", caches, "--seed", "0", "--batch-size",
          str(BATCH), "--num-data-shards", "1", "--split", "validation"],
     ]

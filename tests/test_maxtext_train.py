@@ -49,21 +49,28 @@ def cache_root(tmp_path_factory) -> str:
     return data.data_root(tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def jax_cache(tmp_path_factory) -> str:
+    """One JAX compilation cache for the module's MaxText runs of one device layout (the restarts skip compiling)."""
+    return str(tmp_path_factory.mktemp("jax_cache"))
+
+
 class Launch:
     """One ``python -m trainer_client.maxtext.train`` process in MaxText's environment, stopped by its pid."""
 
     def __init__(self, maxtext: tuple[str, str], cache_root: str, folder: str, overrides: Sequence[str], *,
                  devices: int, process: int = 0, processes: int = 1, port: int | None = None,
-                 launcher: Sequence[str] = (), model: Sequence[str] = data.MODEL):
+                 launcher: Sequence[str] = ()):
         python, config = maxtext
         os.makedirs(folder, exist_ok=True)
         self.log_path = os.path.join(folder, f"maxtext_{process}.log")
         hosts = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(processes), "--process-id",
                  str(process)] if processes > 1 else []
-        command = [python, "-m", "trainer_client.maxtext.train", "--cache-root", cache_root, "--run", data.TRAIN_RUN,
+        run = [] if "--run" in launcher else ["--run", data.TRAIN_RUN]
+        command = [python, "-m", "trainer_client.maxtext.train", "--cache-root", cache_root, *run,
                    "--batch-log", os.path.join(folder, "batches"), *hosts, *launcher, "--",
                    # The launcher has initialized jax.distributed for several processes; one needs none.
-                   config, "hardware=cpu", "skip_jax_distributed_system=true", *model, f"steps={STEPS}", f"metrics_file={os.path.join(folder, f'metrics_{process}.jsonl')}",
+                   config, "hardware=cpu", "skip_jax_distributed_system=true", *data.MODEL, f"steps={STEPS}", f"metrics_file={os.path.join(folder, f'metrics_{process}.jsonl')}",
                    *overrides]
         env = {**os.environ, **data.task_env(), "DECOUPLE_GCLOUD": "TRUE", "JAX_PLATFORMS": "cpu",
                "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -116,9 +123,9 @@ def wait_for(predicate, what: str, launch: Launch, timeout: float) -> None:
 
 
 def test_maxtext_trains_the_plans_batches_and_resumes_them_exactly_on_another_number_of_processes(
-        maxtext, cache_root, tmp_path):
+        maxtext, cache_root, jax_cache, tmp_path):
     plan = data.plan_batches(cache_root, data.TRAIN_RUN, range(STEPS))
-    common = [f"per_device_batch_size={data.BATCH // 4}", f"jax_cache_dir={tmp_path / 'jax_cache'}"]
+    common = [f"per_device_batch_size={data.BATCH // 4}", f"jax_cache_dir={jax_cache}"]
 
     # Uninterrupted: one process with 4 devices.
     whole = str(tmp_path / "whole")
@@ -185,16 +192,20 @@ def test_maxtext_trains_the_plans_batches_and_resumes_them_exactly_on_another_nu
     assert weights == [sum(w for _, w in eval_plan.values())] * 2
 
 
-def test_a_pipeline_error_inside_maxtexts_loop_ends_the_launcher_with_that_error(maxtext, cache_root, tmp_path):
+def test_a_pipeline_error_inside_maxtexts_loop_ends_the_launcher_with_that_error(maxtext, cache_root, jax_cache,
+                                                                                  tmp_path):
     # MaxText's data loader turns the error into a graceful stop (exit 0); the launcher ends with it instead.
-    folder = str(tmp_path / "small_vocab")
-    launch = Launch(maxtext, cache_root, folder, [f"per_device_batch_size={data.BATCH // 4}", "vocab_size=100",
-                                                  "run_name=small", f"base_output_directory={folder}",
+    folder = str(tmp_path / "uneven")
+    launch = Launch(maxtext, cache_root, folder, [f"per_device_batch_size={data.BATCH // 4}", f"jax_cache_dir={jax_cache}",
+                                                  "run_name=uneven", f"base_output_directory={folder}",
                                                   "enable_checkpointing=false"], devices=4,
-                    model=[m for m in data.MODEL if not m.startswith("vocab_size=")])
+                    launcher=["--run", data.UNEVEN_RUN])
     assert launch.wait(timeout=600) == 2, launch.tail()
     with open(launch.log_path, errors="replace") as f:
         errors = [line.strip() for line in f if line.startswith("python -m trainer_client.maxtext.train: error:")]
-    assert len(errors) == 1, launch.tail()
-    assert re.fullmatch(r"python -m trainer_client\.maxtext\.train: error: Step 0 of run 'lm' holds token id \d+, but "
-                        r"MaxText's vocab_size is 100: set vocab_size to at least the tokenizer's size\.", errors[0])
+    assert errors == [
+        "python -m trainer_client.maxtext.train: error: Step 2 of the plan has a global batch of 5 rows, which "
+        "MaxText's 4 trained devices of 2 rows each cannot hold evenly. Plan batch sizes (and every step of a ramp: "
+        "--ramp-to with multiple-of=4) that are multiples of 4 and at most 8 (global_batch_size_to_train_on)."
+    ], launch.tail()
+    assert sorted(train_hashes(folder)) == [0, 1]  # MaxText trained steps 0 and 1, then stopped at step 2

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from trainer_client.assignments import HostSlice
+from trainer_client.maxtext.errors import MaxTextConfigError
 
 __all__ = ["BatchLayout", "DevicePiece"]
 
@@ -55,12 +56,12 @@ class BatchLayout:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"BatchLayout {name} must be a positive integer but got {value!r}.")
         if self.rows % self.devices:
-            raise ValueError(
+            raise MaxTextConfigError(
                 f"MaxText's batch of {self.rows} rows (global_batch_size_to_load) does not split over the mesh's "
                 f"{self.devices} devices. Use a per_device_batch_size that gives a whole number of rows per device."
             )
         if self.trained_rows > self.rows or self.trained_rows % self.rows_per_device:
-            raise ValueError(
+            raise MaxTextConfigError(
                 f"MaxText trains on {self.trained_rows} of its {self.rows} rows (global_batch_size_to_train_on of "
                 f"global_batch_size_to_load), which is not a whole number of devices' rows ({self.rows_per_device} "
                 "each): with per_device_batch_size < 1 use gradient_accumulation_steps=1."
@@ -80,7 +81,7 @@ class BatchLayout:
         """The plan's rows each trained device holds at ``step``, whose batch has ``batch_size`` rows."""
         share, left = divmod(batch_size, self.trained_devices)
         if left or share > self.rows_per_device:
-            raise ValueError(
+            raise MaxTextConfigError(
                 f"Step {step} of the plan has a global batch of {batch_size} rows, which MaxText's "
                 f"{self.trained_devices} trained devices of {self.rows_per_device} rows each cannot hold evenly. "
                 f"Plan batch sizes (and every step of a ramp: --ramp-to with multiple-of={self.trained_devices}) that "

@@ -43,6 +43,7 @@ from trainer_client.iterator import DataIterator
 from trainer_client.local_source import LocalAssignments
 from trainer_client.maxtext import resume
 from trainer_client.maxtext.batch_log import StepLog
+from trainer_client.maxtext.errors import MaxTextConfigError
 from trainer_client.maxtext.fields import maxtext_fields
 from trainer_client.maxtext.layout import BatchLayout
 from trainer_client.reading import ClientBatch
@@ -51,11 +52,7 @@ from trainer_client.server_source import ServerAssignments
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-__all__ = ["RunRows", "TaskdataInput", "eval_iterator", "train_iterator"]
-
-
-class MaxTextConfigError(ValueError):
-    """A MaxText setting taskdata's pipeline cannot honour; the message names it and the fix."""
+__all__ = ["MaxTextConfigError", "RunRows", "TaskdataInput", "eval_iterator", "train_iterator"]
 
 
 @dataclasses.dataclass(frozen=True)

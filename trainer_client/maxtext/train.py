@@ -39,13 +39,8 @@ from taskdata.exits import run_command
 from taskdata.index import PlanError
 from trainer_client.assignments import AssignmentError
 from trainer_client.iterator import ResumeError
-from trainer_client.maxtext.pipeline import (
-    MaxTextConfigError,
-    RunRows,
-    TaskdataInput,
-    eval_iterator,
-    train_iterator,
-)
+from trainer_client.maxtext.errors import MaxTextConfigError
+from trainer_client.maxtext.pipeline import RunRows, TaskdataInput, eval_iterator, train_iterator
 
 __all__ = ["DATASET_TYPE", "install", "main"]
 
