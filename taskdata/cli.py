@@ -440,6 +440,9 @@ def _cmd_vocab_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
+    from taskdata.extras import require
+
+    require("apache_beam", "cache", "taskdata cache")
     from taskdata.beam.job import CacheOptions, run_cache_job
     from taskdata.define.mixture import Mixture
 
@@ -813,6 +816,9 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from taskdata.extras import require
+
+    require("fastapi", "server", "taskdata serve")
     import uvicorn
 
     from server.main import create_app

@@ -16,20 +16,14 @@ from taskdata.cli import main
 from taskdata.define.bpe_training import SPECIAL_TOKENS, BpeOptions, train_bpe, train_bpe_from_source
 from taskdata.define.hf_vocabulary import HuggingFaceVocabulary
 from taskdata.define.vocabularies import EOS_ID, PAD_ID, UNK_ID
+from tests.pydoc_corpus import pydoc_topics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def pydoc_texts(first_topic: int, count: int = 60) -> list[str]:
-    """Whole topics of Python's bundled reference docs (a fixed text that ships with Python)."""
-    import pydoc_data.topics
-
-    return [pydoc_data.topics.topics[key] for key in sorted(pydoc_data.topics.topics)[first_topic : first_topic + count]]
-
-
 @pytest.fixture(scope="module")
 def small_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return train_bpe(pydoc_texts(0), 600, str(tmp_path_factory.mktemp("bpe") / "tokenizer.json"))
+    return train_bpe(pydoc_topics(0), 600, str(tmp_path_factory.mktemp("bpe") / "tokenizer.json"))
 
 
 def test_special_ids_follow_t5_and_the_byte_symbols_come_next(small_tokenizer):
@@ -41,7 +35,7 @@ def test_special_ids_follow_t5_and_the_byte_symbols_come_next(small_tokenizer):
 
 
 def test_ids_are_tokenizers_own_and_decode_gives_the_text_back(small_tokenizer):
-    texts = [*pydoc_texts(200, 5), "", "ünïcödé — ∑ 😀 text\twith\ttabs\n\nand blank lines", "  leading spaces"]
+    texts = [*pydoc_topics(200, 5), "", "ünïcödé — ∑ 😀 text\twith\ttabs\n\nand blank lines", "  leading spaces"]
     tokenizer = Tokenizer.from_file(small_tokenizer)
     vocab = HuggingFaceVocabulary(small_tokenizer)
     encoded = vocab.encode_batch(texts)
@@ -81,26 +75,26 @@ def test_the_fingerprint_is_the_content(small_tokenizer, tmp_path):
     copy.write_bytes(pathlib.Path(small_tokenizer).read_bytes())
     same = HuggingFaceVocabulary(str(copy)).fingerprint_description()
     assert same == HuggingFaceVocabulary(small_tokenizer).fingerprint_description()
-    other = train_bpe(pydoc_texts(0), 601, str(tmp_path / "other.json"))
+    other = train_bpe(pydoc_topics(0), 601, str(tmp_path / "other.json"))
     assert HuggingFaceVocabulary(other).fingerprint_description() != same
     assert HuggingFaceVocabulary(str(copy), add_special_tokens=True).fingerprint_description() != same
 
 
 @pytest.mark.slow
 def test_same_text_and_options_give_byte_identical_tokenizers_in_any_process_and_thread_count(tmp_path):
-    first = train_bpe(pydoc_texts(0), 800, str(tmp_path / "a.json"))
+    first = train_bpe(pydoc_topics(0), 800, str(tmp_path / "a.json"))
     script = textwrap.dedent(
         f"""
-        from tests.test_bpe_vocabulary import pydoc_texts
+        from tests.pydoc_corpus import pydoc_topics
         from taskdata.define.bpe_training import train_bpe
-        train_bpe(pydoc_texts(0), 800, {str(tmp_path / "b.json")!r})
+        train_bpe(pydoc_topics(0), 800, {str(tmp_path / "b.json")!r})
         """
     )
     for threads in ("1", "3"):
         env = {**os.environ, "PYTHONPATH": REPO, "PYTHONHASHSEED": threads, "RAYON_NUM_THREADS": threads}
         subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=REPO, timeout=120)
         assert (tmp_path / "b.json").read_bytes() == pathlib.Path(first).read_bytes()
-    other = train_bpe(pydoc_texts(60), 800, str(tmp_path / "other.json"))
+    other = train_bpe(pydoc_topics(60), 800, str(tmp_path / "other.json"))
     assert pathlib.Path(other).read_bytes() != pathlib.Path(first).read_bytes(), "other text must give another tokenizer"
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from taskdata import fs
 from taskdata.cache.lease import VersionLease, last_write, lease_path, remove_abandoned_versions
-from tests.test_cache_job import _Killed, build
+from tests.cache_helpers import Killed, build
 
 
 def _age(folder: Path, seconds: float) -> None:
@@ -27,17 +27,18 @@ def _killed_before_its_manifest(root: Path, monkeypatch, **kwargs) -> Path:
 
     def dying(path, data):
         if path.endswith("/manifest.json"):
-            raise _Killed(path)
+            raise Killed(path)
         write_atomic(path, data)
 
     monkeypatch.setattr(fs, "write_atomic", dying)
-    with pytest.raises(_Killed):
+    with pytest.raises(Killed):
         build(root, force=True, **kwargs)
     monkeypatch.setattr(fs, "write_atomic", write_atomic)
     [incomplete] = [p for p in (root / "toy_det").glob("v*") if not (p / "COMPLETED").exists()]
     return incomplete
 
 
+@pytest.mark.slow
 def test_the_next_job_removes_abandoned_versions_says_so_and_keeps_live_and_complete_ones(tmp_path, monkeypatch):
     root = tmp_path / "caches"
     complete = Path(build(root, num_shards=2).version_dir)
@@ -78,6 +79,7 @@ def test_a_running_jobs_lease_is_rewritten_until_it_ends(tmp_path):
     assert remove_abandoned_versions(str(tmp_path), 900, print) == []
 
 
+@pytest.mark.slow
 def test_a_job_writing_a_version_for_longer_than_stale_after_keeps_it(tmp_path, monkeypatch):
     # The lease is rewritten every stale_after/10: a slow build is never taken for a dead one.
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parent.parent))

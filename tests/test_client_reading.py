@@ -20,6 +20,8 @@ from trainer_client.assignments import AssignmentError, HostSlice
 from trainer_client.local_source import LocalAssignments
 from trainer_client.reading import BatchReader
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
@@ -111,7 +113,7 @@ def test_a_uri_that_is_not_the_named_shard_is_refused(root):
 
 
 def test_a_cache_with_other_bytes_than_the_plan_pins_is_refused(tmp_path, root):
-    from tests.test_cache_job import build
+    from tests.cache_helpers import build
 
     source, reader = source_and_reader(root)
     step = source.fetch(0, 1, HostSlice(0, 4))[0]

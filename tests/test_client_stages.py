@@ -22,6 +22,8 @@ from trainer_client.iterator import DataIterator, DataState, ResumeError
 from trainer_client.local_source import LocalAssignments
 from trainer_client.server_source import ServerAssignments
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 RATES = {"toy_det": 1, "toy_random": 0}
 
 

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from taskdata.cache.reader import CacheReader
-from tests.test_cache_job import build
+from tests.cache_helpers import build
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ Recipe (everything below is deterministic; change a pinned value only with a for
 version bump, and say why in the commit):
 
 - caches: ``tests.cache_tasks`` tasks ``toy_det`` and ``toy_random``, split train, seed 0, 3 shards
-  each, built with the in-process Beam runner (``tests.test_cache_job.build``);
+  each, built with the in-process Beam runner (``tests.cache_helpers.build``);
 - run ``golden``: both tasks at rates 1:3, seed 5, global batch 16, 4 data shards;
 - ``/shards`` of host 1 of 4 at steps 0-1 (epoch 0), 100-101 (later epochs) and 10**15 (far out),
   in both encodings; version folder names and the cache root are replaced by placeholders, because
@@ -30,7 +30,9 @@ from server.settings import Settings
 from taskdata.cache.reader import CacheReader
 from taskdata.index import BatchSchedule, RunPlan, TaskCache
 from taskdata.runs import RunStore, StoredRun
-from tests.test_cache_job import build
+from tests.cache_helpers import build
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 # Changed by issue 21 (cache format taskdata.cache/4): records carry one compact provenance/origin feature
 # instead of seqio-style provenance features, and the manifest lists each split's source files.

@@ -41,6 +41,7 @@ from taskdata.index import (
     step_slices,
     to_json,
 )
+from tests.index_references import step_examples
 
 ENCODINGS = ("ints", "base64", "compact")
 
@@ -117,12 +118,6 @@ def reads_from_assign(tables: RunTables, step: int, index: int, count: int) -> S
     )
 
 
-def examples(reads: StepReads) -> list[tuple[str, int, int]]:
-    """(task, shard, record) of every example of a slice, in order."""
-    queues = [iter(zip(*task.records(), strict=True)) for task in reads.tasks]
-    return [(reads.tasks[t].task, *map(int, next(queues[t]))) for t in reads.order.tolist()]
-
-
 def checked(reads: StepReads) -> StepReads:
     """``reads`` built again through every check of the value."""
     tasks = tuple(TaskReads(t.cache, t.files, t.columns) for t in reads.tasks)
@@ -186,7 +181,7 @@ def test_the_reads_of_a_host_slice_are_one_value_however_they_are_made(case, cou
     # A coarser slice reads the union of the finer slices it covers, in order.
     if count > 1:
         coarse = step_reads(tables, step, 0, 1)
-        assert examples(coarse) == [e for index in range(count) for e in examples(whole[index])]
+        assert step_examples(coarse) == [e for index in range(count) for e in step_examples(whole[index])]
 
 
 @settings(max_examples=60, deadline=None)

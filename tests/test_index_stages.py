@@ -30,7 +30,7 @@ from taskdata.index import (
     global_batch,
     locate_example,
 )
-from tests.test_index_arrays import reference_assign, reference_examples
+from tests.index_references import reference_assign, reference_examples
 
 D = 2  # data shards of every drawn plan
 

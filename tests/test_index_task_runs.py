@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from taskdata.index import EpochOrder, RunPlan, example_arrays
 from taskdata.index.arrays import fits_int64
 from taskdata.index.task_runs import task_runs
-from tests.test_index_arrays import make_plan, plans, steps
+from tests.index_references import make_plan, plans, steps
 
 
 def assert_equal_to_example_arrays(plan: RunPlan, positions: range, parts: int) -> None:

@@ -20,6 +20,7 @@ CLIENT_TESTS = ["tests/test_client_iterator.py", "tests/test_client_reading.py",
                 "tests/test_client_orbax_state.py", "tests/test_maxtext_fields.py", "tests/test_maxtext_layout.py"]
 
 
+@pytest.mark.timeout(900)
 def test_the_clients_tests_pass_on_python_3_12_with_maxtexts_jax():
     python = data.maxtext_python()
     if python is None:

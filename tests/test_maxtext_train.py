@@ -122,6 +122,7 @@ def wait_for(predicate, what: str, launch: Launch, timeout: float) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.timeout(1200)  # four MaxText starts (imports and compilation: most of it); about 4 minutes on 2 cores
 def test_maxtext_trains_the_plans_batches_and_resumes_them_exactly_on_another_number_of_processes(
         maxtext, cache_root, jax_cache, tmp_path):
     plan = data.plan_batches(cache_root, data.TRAIN_RUN, range(STEPS))
@@ -192,6 +193,7 @@ def test_maxtext_trains_the_plans_batches_and_resumes_them_exactly_on_another_nu
     assert weights == [sum(w for _, w in eval_plan.values())] * 2
 
 
+@pytest.mark.timeout(600)
 def test_a_pipeline_error_inside_maxtexts_loop_ends_the_launcher_with_that_error(maxtext, cache_root, jax_cache,
                                                                                   tmp_path):
     # MaxText's data loader turns the error into a graceful stop (exit 0); the launcher ends with it instead.

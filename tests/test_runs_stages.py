@@ -10,7 +10,9 @@ import pytest
 
 from taskdata.index import BatchSchedule, Stage
 from taskdata.runs import RunError, RunStore, StoredRun
-from tests.test_runs import mix_run, shared_caches
+from tests.run_helpers import mix_run, shared_caches
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 RATES = {"toy_det": 1, "toy_random": 0, "toy_text": 2}
 

@@ -24,16 +24,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from server.assignments import AnswerCache, step_json
-from server.main import create_app
 from server.metrics import BUCKETS
 from server.models import MAX_STEP, ReadColumns, ShardsResponse, TaskReads
 from server.settings import Settings, get_settings
 from taskdata.cache.tfrecord import iter_records
 from taskdata.index import (
-    BatchSchedule,
     RunPlan,
     RunTables,
-    SkipRange,
     assign,
     from_json,
     global_batch,
@@ -42,42 +39,20 @@ from taskdata.index import (
     step_reads,
 )
 from taskdata.index.columns import column_values
-from taskdata.runs import build_run
 from tests.helpers import metric_samples
-from tests.test_runs import copy_caches, current_dir, make_registry, mix_run, shared_caches
+from tests.run_helpers import copy_caches, current_dir, mix_run
+from tests.server_helpers import TOKEN, make_app, server_env
 
-TOKEN = "tok-9f8e7d6c5b4a-secret"
-
-
-def solo_run(root: Path):
-    return build_run(
-        make_registry(),
-        str(root),
-        name="solo",
-        mixture="toy_det",
-        seed=3,
-        schedule=BatchSchedule.ramp(4, 8, 6, multiple_of=4),
-        num_data_shards=2,
-        skip=(SkipRange(2, 4),),
-    )
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    root = copy_caches(tmp_path_factory, "server")
-    runs_file = root.parent / "runs.json"
-    mix, solo = mix_run(root), solo_run(root)
-    # One run record and one bare plan: the runs file takes both forms.
-    runs_file.write_text(json.dumps([mix.to_dict(), solo.plan.to_dict()]))
-    text_dir = shared_caches(tmp_path_factory).parent / "caches-text"
-    return types.SimpleNamespace(root=root, runs_file=runs_file, mix=mix, solo=solo, text_dir=text_dir)
+    return server_env(tmp_path_factory)
 
 
 def make_client(env, **settings) -> TestClient:
-    app = create_app(registry=make_registry())
-    fields = {"cache_root": str(env.root), "runs_file": str(env.runs_file), "default_run": "mix", **settings}
-    app.dependency_overrides[get_settings] = lambda: Settings(**fields)
-    return TestClient(app)
+    return TestClient(make_app(env, **settings))
 
 
 @pytest.fixture(scope="module")

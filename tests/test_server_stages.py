@@ -18,7 +18,9 @@ from server.settings import Settings, get_settings
 from taskdata.index import BatchSchedule, SkipRange, Stage
 from taskdata.index.columns import column_values
 from taskdata.runs import RunStore
-from tests.test_runs import copy_caches, make_registry, mix_run
+from tests.run_helpers import copy_caches, make_registry, mix_run
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 TOKEN = "stages-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -289,6 +289,18 @@ class RunPlan:
         i = bisect.bisect_right(self._skip_starts, step) - 1
         return self.skip[i].stop if i >= 0 and step < self.skip[i].stop else step
 
+    def step_after_batches(self, count: int) -> int:
+        """The step after the ``count``-th batch delivered from step 0 (0 for none): ``count`` plus the skipped
+        steps before it (a skipped step delivers no batch), for trainers that count only the batches they train."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise PlanError(f"A number of batches must be an integer >= 0 but got {count!r}.")
+        step = count
+        for skipped in self.skip:  # sorted and merged: each one starting before it pushes the step on
+            if skipped.start >= step:
+                break
+            step += skipped.stop - skipped.start
+        return step
+
     def fingerprint_description(self) -> dict[str, Any]:
         """What ``fingerprint`` hashes: without stages, the plan; with stages, the fingerprint of the plan
         without its last stage, and that stage."""
