@@ -38,6 +38,7 @@ import numpy as np
 from taskdata.index import (
     FEISTEL,
     BatchSchedule,
+    BlockOrder,
     EpochOrder,
     RunPlan,
     TaskCache,
@@ -175,7 +176,7 @@ def taskdata_reads(order: EpochOrder, epoch: int, record_bytes: np.ndarray) -> t
         for host in range(HOSTS):
             first = step * BATCH + host * PER_HOST
             arrays = example_arrays(plan, range(first, first + PER_HOST))
-            _, _, _, counts = arrays.runs()
+            _, _, _, counts = arrays.extents()
             reads.append(len(counts))
             kib.append(record_bytes[arrays.indices].sum() / 1024)
     return float(np.mean(reads)), int(np.max(reads)), float(np.mean(kib))
@@ -191,7 +192,7 @@ def measure() -> tuple[list[str], dict[str, np.ndarray]]:
     shuffled, source_order = layouts()
     record_bytes = np.random.default_rng(9).lognormal(np.log(1800), 0.5, N).astype(np.int64) + 16
     orders: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for name, order in [("feistel", FEISTEL)] + [(f"block K={k}", EpochOrder.blocks(k)) for k in (16, 64, 256)]:
+    for name, order in [("feistel", FEISTEL)] + [(f"block K={k}", BlockOrder(k)) for k in (16, 64, 256)]:
         orders[f"taskdata {name}"] = (taskdata_epoch(order, 1), taskdata_epoch(order, 2, N), shuffled)
     m = STEPS_MEASURED * BATCH
     for name, fn in (("py1br", py1br), ("py1e", py1e)):
@@ -227,7 +228,7 @@ def measure() -> tuple[list[str], dict[str, np.ndarray]]:
         "reads and bytes per host per step as `/shards` gives them (mean, max; the plan's stated bound), "
         "epochs 0 / 1 / 100:"
     )
-    for name, order in [("feistel", FEISTEL)] + [(f"block K={k}", EpochOrder.blocks(k)) for k in (16, 64, 256)]:
+    for name, order in [("feistel", FEISTEL)] + [(f"block K={k}", BlockOrder(k)) for k in (16, 64, 256)]:
         cells = []
         for epoch in (0, 1, 100):
             mean, top, kib = taskdata_reads(order, epoch, record_bytes)

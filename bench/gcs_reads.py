@@ -331,7 +331,7 @@ def measure_gcs(delays_ms: Sequence[float], hosts: int, host_batch: int, block_s
                 steps: int) -> list[str]:
     from taskdata.cache.reader import CacheReader
     from taskdata.config import Config
-    from taskdata.index import FEISTEL, BatchSchedule, EpochOrder, RunPlan, TaskCache, reads_bound
+    from taskdata.index import FEISTEL, BatchSchedule, BlockOrder, RunPlan, TaskCache, reads_bound
 
     local = ensure_cache(os.path.join(Config.from_environment().home, "bench", "gcs_reads"))
     lines = [
@@ -359,7 +359,7 @@ def measure_gcs(delays_ms: Sequence[float], hosts: int, host_batch: int, block_s
                 cache = TaskCache(reader.manifest_sha256, reader.record_counts("train"))
             n = sum(cache.shard_record_counts)
             batch = hosts * host_batch
-            for name, order in (("feistel", FEISTEL), (f"block K={block_size}", EpochOrder.blocks(block_size))):
+            for name, order in (("feistel", FEISTEL), (f"block K={block_size}", BlockOrder(block_size))):
                 plan = RunPlan(name="gcs", mixture=TASK, caches={TASK: cache}, rates=None, seed=17,
                                schedule=BatchSchedule.constant(batch), num_data_shards=hosts, epoch_order=order)
                 bound = reads_bound(plan, host_batch)

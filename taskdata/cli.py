@@ -201,11 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--epoch-order",
-        choices=("feistel", "block"),
         default="feistel",
-        help="order of epochs after the first: 'feistel' (per record, the default; every later-epoch "
-        "example is its own ranged read) or 'block' (shuffled blocks of --block-size contiguous records: "
-        "a bounded number of reads per host and step)",
+        metavar="KIND",
+        help="order of epochs after the first (taskdata.index.orders): 'feistel' (per record, the default; "
+        "every later-epoch example is its own ranged read) or 'block' (shuffled blocks of --block-size "
+        "contiguous records: a bounded number of reads per host and step)",
     )
     p.add_argument("--block-size", type=int, default=None, help="records per block of --epoch-order block")
     p.set_defaults(run=_cmd_plan)
@@ -618,7 +618,7 @@ def _verify_root(root: str, level: Level, workers: int) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from taskdata.index import BatchSchedule, EpochOrder, SkipRange, parse_stage, reads_bound
+    from taskdata.index import BatchSchedule, PlanError, SkipRange, epoch_order, parse_stage, reads_bound
     from taskdata.runs import RunStore, build_run
 
     if args.add_stage:
@@ -629,14 +629,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                if getattr(args, flag) is None]
     if missing:
         raise ValueError(f"Creating run {args.name!r} needs {', '.join(missing)} (or --add-stage to extend it).")
-    if args.epoch_order == "block" and args.block_size is None:
-        raise ValueError("--epoch-order block needs --block-size N (records per block), e.g. --block-size 64.")
-    if args.epoch_order != "block" and args.block_size is not None:
-        raise ValueError(
-            f"--block-size {args.block_size} applies to --epoch-order block only; add --epoch-order block or "
-            "drop --block-size."
-        )
-    epoch_order = EpochOrder.blocks(args.block_size) if args.epoch_order == "block" else EpochOrder()
+    # The order's options, from the flags that name them (each order checks which it takes).
+    options = {name: value for name, value in (("block_size", args.block_size),) if value is not None}
+    try:
+        order = epoch_order(args.epoch_order, **options)
+    except PlanError as error:
+        raise ValueError(f"--epoch-order {args.epoch_order}: {error}") from None
 
     skip = []
     for text in args.skip:
@@ -663,7 +661,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         split=args.split,
         stages=[parse_stage(text) for text in args.stage],
         warn=lambda message: print(f"taskdata plan: warning: {message}", file=sys.stderr),
-        epoch_order=epoch_order,
+        epoch_order=order,
     )
     store = RunStore(root)
     created = store.create(run)

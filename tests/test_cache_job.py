@@ -199,17 +199,17 @@ def test_duplicate_shuffle_keys_are_an_error(tmp_path):
 
 
 def _die_before_current_moves(monkeypatch):
-    from taskdata import fs
+    from taskdata import cas
 
-    write_atomic = fs.write_atomic
+    swap = cas.swap
 
-    def dying(path, data):
-        if path.endswith("/CURRENT"):
-            raise Killed(path)
-        write_atomic(path, data)
+    def dying(version, data):
+        if version.path.endswith("/CURRENT"):
+            raise Killed(version.path)
+        return swap(version, data)
 
-    monkeypatch.setattr(fs, "write_atomic", dying)
-    return lambda: monkeypatch.setattr(fs, "write_atomic", write_atomic)
+    monkeypatch.setattr(cas, "swap", dying)
+    return lambda: monkeypatch.setattr(cas, "swap", swap)
 
 
 def _two_text_dirs(tmp_path):

@@ -150,7 +150,7 @@ def test_store_writes_one_json_file_and_is_idempotent(caches, tmp_path):
     run = mix_run(caches)
     assert store.create(run) is True
     path = tmp_path / "_runs" / "mix.json"
-    assert json.loads(path.read_text()) == run.to_dict() and run.to_dict()["format"] == "taskdata.run/3"
+    assert json.loads(path.read_text()) == run.to_dict() and run.to_dict()["format"] == "taskdata.run/4"
     before = path.read_bytes()
     assert store.create(mix_run(caches)) is False
     assert path.read_bytes() == before
@@ -225,7 +225,8 @@ def test_the_split_is_part_of_the_plan_and_of_its_fingerprint(caches):
     assert train == StoredRun(plan) and validation.split == "validation"
     assert validation.plan.fingerprint() != train.plan.fingerprint()
     assert StoredRun.from_dict(validation.to_dict()) == validation  # taskdata.run/2 on: the split in the plan
-    assert validation.to_dict() == {"format": "taskdata.run/3", "plan": {**before, "split": "validation"}}
+    assert validation.to_dict() == {"format": "taskdata.run/4", "plan": {**before, "split": "validation"},
+                                    "served_before": 0}
     with pytest.raises(RunError, match="has no split of its own"):
         StoredRun.from_dict({"format": "taskdata.run/1", "plan": plan.to_dict(), "split": "train"})
     with pytest.raises(RunError, match=r"Split: Invalid split name '\.\./x'"):
@@ -247,7 +248,7 @@ def test_resolver_loads_offsets_that_locate_every_read(caches):
             assert list(cache.offsets[shard]) == list(expected) and Path(uri).exists()
     for step in range(3):
         assignment = assign(run.plan, step, 1)
-        for read in assignment.runs:
+        for read in assignment.extents:
             cache = resolved[run.plan.task_index(read.task)]
             offset, length = cache.byte_range(read.shard, read.first_record, read.count)
             with open(cache.shard_uris[read.shard], "rb") as f:
@@ -318,7 +319,7 @@ def test_resolved_cache_checks_its_tables(caches):
 
 def test_plan_command_stores_the_block_epoch_order_and_states_its_reads_bound(caches, tmp_path, capsys):
     from taskdata.cli import main
-    from taskdata.index import EpochOrder, reads_bound
+    from taskdata.index import BlockOrder, reads_bound
 
     root = tmp_path / "root"
     shutil.copytree(caches, root)
@@ -327,12 +328,12 @@ def test_plan_command_stores_the_block_epoch_order_and_states_its_reads_bound(ca
     assert main([*argv, "--name", "blocks", "--epoch-order", "block", "--block-size", "4"]) == 0
     out = capsys.readouterr().out
     plan = RunStore(str(root)).get("blocks").plan
-    assert plan.epoch_order == EpochOrder.blocks(4)
+    assert plan.epoch_order == BlockOrder(4)
     assert f"at most {reads_bound(plan, 8)} ranged reads per data shard (8 examples)" in out
     assert main([*argv, "--name", "records"]) == 0
     default = RunStore(str(root)).get("records").plan
     assert "epoch_order" not in default.to_dict() and default.fingerprint() != plan.fingerprint()
     assert main([*argv, "--name", "x", "--epoch-order", "block"]) == 2
-    assert "--epoch-order block needs --block-size N" in capsys.readouterr().err
+    assert "--epoch-order block: The block epoch order takes the options ['block_size'] but got none" in capsys.readouterr().err
     assert main([*argv, "--name", "x", "--block-size", "4"]) == 2
-    assert "applies to --epoch-order block only" in capsys.readouterr().err
+    assert "--epoch-order feistel: The feistel epoch order takes no options but got ['block_size']" in capsys.readouterr().err

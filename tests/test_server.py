@@ -32,11 +32,11 @@ from taskdata.index import (
     RunPlan,
     RunTables,
     assign,
+    chain,
     from_json,
     global_batch,
-    host_reads,
     slice_positions,
-    step_reads,
+    step_slices,
 )
 from taskdata.index.columns import column_values
 from tests.helpers import metric_samples
@@ -186,7 +186,7 @@ def test_the_scalar_chain_past_int64_writes_the_same_answers_as_the_arrays(clien
     answers = {}
     for fits in (True, False):
         if not fits:
-            monkeypatch.setattr(host_reads, "fits_int64", lambda plan, positions: False)
+            monkeypatch.setattr(chain, "fits_int64", lambda plan, positions: False)
         for name, index, count, step in cases:
             run, _ = state.find_run(name)
             caches = state.resolver.cached(run) or state.resolver.resolve_run(run)
@@ -270,7 +270,7 @@ def test_decoded_answers_equal_the_reads_the_index_math_computes(client, env, en
             for first in (0, 29, 10**9):
                 answer = shards(client, step=first, steps=3, **params)
                 for step in answer["steps"]:
-                    assert from_json(step) == step_reads(tables, step["step"], index, count)
+                    assert from_json(step) == step_slices(tables, step["step"], count, only=index)[0]
 
 
 def test_fewer_hosts_than_data_shards_read_the_union_of_consecutive_data_shards_as_one_slice(client):

@@ -24,7 +24,7 @@ from server.main import create_app
 from server.metrics import MetricsMiddleware
 from server.models import MAX_STEP, ShardsQuery
 from server.shards_fast import AssignmentService, parse_query
-from taskdata.index import PlanError, RunTables, step_reads, to_json
+from taskdata.index import PlanError, RunTables, step_slices, to_json
 from tests.helpers import metric_samples
 from tests.server_helpers import TOKEN, server_env
 from tests.server_helpers import make_app as service
@@ -187,15 +187,14 @@ def tables(env):
 
 
 def counting(monkeypatch) -> dict[str, int]:
-    calls = {"step_slice": 0, "step_slices": 0}
-    for name in calls:
-        real = getattr(assignments, name)
+    calls = {"alone": 0, "whole": 0}
+    real = assignments.step_slices
 
-        def counted(*args, _real=real, _name=name):
-            calls[_name] += 1
-            return _real(*args)
+    def counted(*args, only=None):
+        calls["whole" if only is None else "alone"] += 1
+        return real(*args, only=only)
 
-        monkeypatch.setattr(assignments, name, counted)
+    monkeypatch.setattr(assignments, "step_slices", counted)
     return calls
 
 
@@ -207,34 +206,34 @@ def test_hosts_of_a_step_share_its_index_math_and_lone_requests_compute_their_sl
     def ask(step, hosts):
         for host in hosts:
             body = step_json(cache, "mix", tables, step, host, 4, "base64")
-            assert body == to_json(step_reads(tables, step, host, 4), "base64")
+            assert body == to_json(step_slices(tables, step, 4, only=host)[0], "base64")
 
     ask(5, [2])  # a new step, nothing known of the run: this slice alone
-    assert calls == {"step_slice": 1, "step_slices": 0}
+    assert calls == {"alone": 1, "whole": 0}
     ask(5, [0, 1, 3])  # its second host computes the whole step; the others cut from it
-    assert calls == {"step_slice": 1, "step_slices": 1}
+    assert calls == {"alone": 1, "whole": 1}
     ask(6, [1, 0, 2, 3])  # the run's last new step was shared: the whole of the next at once
-    assert calls == {"step_slice": 1, "step_slices": 2}
+    assert calls == {"alone": 1, "whole": 2}
     ask(7, [0])  # one of the last two was shared: whole (two steps too many when the hosts stop sharing)
     ask(8, [3])
-    assert calls == {"step_slice": 1, "step_slices": 4}
+    assert calls == {"alone": 1, "whole": 4}
     ask(9, [1])  # the last two were asked for once each: alone again
     ask(10, [2])
-    assert calls == {"step_slice": 3, "step_slices": 4}
+    assert calls == {"alone": 3, "whole": 4}
     # Hosts in step again, two steps in flight: the first of a step comes before the second of the step
     # before. Once they share, a new step is computed whole even then.
     ask(12, [0])
     ask(13, [0])
     ask(12, [1, 2, 3])
     ask(13, [1, 2, 3])
-    assert calls == {"step_slice": 5, "step_slices": 6}
+    assert calls == {"alone": 5, "whole": 6}
     ask(14, [0])
     ask(15, [0])  # the step before has one host so far, the one before that all four: whole
     ask(14, [1, 2, 3])
     ask(15, [1, 2, 3])
-    assert calls == {"step_slice": 5, "step_slices": 8}
+    assert calls == {"alone": 5, "whole": 8}
     step_json(cache, "mix", tables, 21, 0, 2, "ints")  # another slice count keeps its own record
-    assert calls["step_slice"] == 6
+    assert calls["alone"] == 6
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """``LocalAssignments``: read instructions from a local ``RunPlan`` and its cache versions, no HTTP.
 
-It computes the same value as the server (``taskdata.index.step_reads``: the server cuts its answers
-from ``step_slices``, which gives equal values), with byte ranges from each shard's verified offsets
+It computes the same value as the server (``taskdata.index.step_slices``, one host slice alone: the
+server cuts its answers from whole steps, which gives equal values), with byte ranges from each shard's verified offsets
 sidecar, loaded for the shards a step reads only. For tests, single-machine runs, and hosts that
 prefer not to depend on a service.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError, find_version, list_versions, task_dir
 from taskdata.cache.reader import CacheReader
-from taskdata.index import RunPlan, RunTables, StepReads, step_reads
+from taskdata.index import RunPlan, RunTables, StepReads, step_slices
 from taskdata.runs import StoredRun
 from trainer_client.assignments import HostSlice, RunInfo
 from trainer_client.shard_table import CacheReaderTable
@@ -59,7 +59,7 @@ class LocalAssignments:
 
     def fetch(self, first_step: int, num_steps: int, host_slice: HostSlice) -> list[StepReads]:
         return [
-            step_reads(self._tables, step, host_slice.index, host_slice.count)
+            step_slices(self._tables, step, host_slice.count, only=host_slice.index)[0]
             for step in range(first_step, first_step + num_steps)
         ]
 

@@ -2,7 +2,7 @@
 
 ``CacheReader`` opens a version only if it is complete (``COMPLETED`` matches the manifest) and, when
 asked, only if it is exactly the version a run plan names (by the manifest's sha256). Records are read
-with one ranged read per run of consecutive records, located in O(1) by the offsets sidecar; both CRCs
+with one ranged read per extent (consecutive records), located in O(1) by the offsets sidecar; both CRCs
 of every record are checked, each record's stored data CRC must be the one the sidecar lists for its
 index (so a record moved to another place is caught), and lengths beyond the manifest's maximum are
 rejected. Local shards are read with ``pread``, never memory-mapped: a shard truncated under a running
@@ -123,7 +123,7 @@ class CacheReader:
         """The records at (shards[i], records[i]), in that order, verified.
 
         Per shard, the frames of all requested records are gathered into one buffer (one ranged read,
-        ``pread`` for local files, per run of consecutive records) and checked in one vectorized pass,
+        ``pread`` for local files, per extent: consecutive records) and checked in one vectorized pass,
         so scattered reads (later epochs) cost about as much as contiguous ones.
         """
         buffer, starts, ends = self.read_spans(split, shards, records)
@@ -173,17 +173,17 @@ class CacheReader:
             bad = int(records[(records < 0) | (records >= count)][0])
             raise IndexError(f"Shard {reader.path} has {count} records; record {bad} is out of range. "
                              "The read plan does not match this cache version.")
-        # Each distinct record once, in file order; a run of consecutive records is one read.
+        # Each distinct record once, in file order; an extent (consecutive records) is one read.
         if len(records) and np.all(np.diff(records) == 1):
-            wanted, slot_of = records, None  # one run (epoch 0): nothing to sort
+            wanted, slot_of = records, None  # one extent (epoch 0): nothing to sort
         else:
             wanted, slot_of = np.unique(records, return_inverse=True)
         starts, ends = offsets[wanted], offsets[wanted + 1]
-        first_of_run = np.flatnonzero(np.diff(wanted, prepend=-2) != 1)
-        last_of_run = np.append(first_of_run[1:], len(wanted)) - 1
-        begins = starts[first_of_run].tolist()
-        sizes = (ends[last_of_run] - starts[first_of_run]).tolist()
-        buffer, file_end = _read_runs(self._source(split, shard), reader.path, begins, sizes)
+        first_of_extent = np.flatnonzero(np.diff(wanted, prepend=-2) != 1)
+        last_of_extent = np.append(first_of_extent[1:], len(wanted)) - 1
+        begins = starts[first_of_extent].tolist()
+        sizes = (ends[last_of_extent] - starts[first_of_extent]).tolist()
+        buffer, file_end = _read_extents(self._source(split, shard), reader.path, begins, sizes)
         frame_offsets = np.concatenate(([0], np.cumsum(ends - starts)))
         whole = len(wanted) if file_end is None else int(np.searchsorted(frame_offsets[1:], len(buffer), side="right"))
         try:
@@ -269,7 +269,7 @@ class CacheReader:
         return self._shards[key]
 
 
-def _read_runs(source: _Source, path: str, begins: list[int], sizes: list[int]) -> tuple[bytes, int | None]:
+def _read_extents(source: _Source, path: str, begins: list[int], sizes: list[int]) -> tuple[bytes, int | None]:
     """The byte ranges ``[begins[i], begins[i] + sizes[i])`` one after another in one buffer, and None;
     or, where the file ends early, the whole ranges before its end and the file's size.
 
