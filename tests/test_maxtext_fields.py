@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer_client.maxtext.fields import FIELDS, maxtext_fields, shift_left
+from trainer_client.maxtext.fields import FIELDS, maxtext_fields
 
 
 def rows(*values):
@@ -46,7 +46,8 @@ def test_the_mask_is_the_next_tokens_segment_where_it_equals_this_ones():
     segments = np.where(segments == 0, 0, segments)
     tokens = rng.integers(3, 50, size=segments.shape) * (segments != 0)
     fields = maxtext_fields(tokens, segments, np.zeros_like(segments))
-    following = shift_left(segments)
+    following = np.zeros_like(segments)
+    following[:, :-1] = segments[:, 1:]
     expected = np.where((following == segments) & (segments != 0), following, 0)
     assert np.array_equal(fields["targets_segmentation"], expected)
     assert np.array_equal(fields["targets"][:, :-1], tokens[:, 1:])

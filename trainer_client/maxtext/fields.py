@@ -12,6 +12,9 @@ hold them. Output: what MaxText's train step reads (``maxtext/trainers/pre_train
   at a row's last token (the next one is in another row) and on padding;
 - ``targets_position``: the positions as given (MaxText's own pipelines leave them unshifted).
 
+Both shifts are ``trainer_client.features.shift_left``, the client's one shift: the targets shift as whole
+rows (MaxText's own layout), the mask is the segment ids shifted within their segments.
+
 MaxText's own pipeline shifts the same way (``input_pipeline_utils.shift_and_refine``) but masks only padding,
 so its last token of a document is trained to predict the next document's first; this mask also stops there.
 A row of zeros (padding, a skipped step's row) has a zero mask: it weighs nothing in the loss.
@@ -21,16 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["FIELDS", "maxtext_fields", "shift_left"]
+from trainer_client.features import shift_left
+
+__all__ = ["FIELDS", "maxtext_fields"]
 
 FIELDS = ("inputs", "inputs_position", "inputs_segmentation", "targets", "targets_position", "targets_segmentation")
-
-
-def shift_left(array: np.ndarray) -> np.ndarray:
-    """``array`` moved one place left along its last axis, with 0 coming in at the end."""
-    out = np.zeros_like(array)
-    out[..., :-1] = array[..., 1:]
-    return out
 
 
 def maxtext_fields(tokens: np.ndarray, segment_ids: np.ndarray, positions: np.ndarray) -> dict[str, np.ndarray]:
@@ -43,8 +41,8 @@ def maxtext_fields(tokens: np.ndarray, segment_ids: np.ndarray, positions: np.nd
             f"{[(a.dtype.name, a.shape) for a in arrays]}."
         )
     tokens, segment_ids, positions = (a.astype(np.int32, copy=False) for a in arrays)
-    next_segment = shift_left(segment_ids)
-    mask = np.where((segment_ids != 0) & (next_segment == segment_ids), segment_ids, 0).astype(np.int32)
+    # The next token's segment where it is this token's, else 0: zero at every piece's end and on padding.
+    mask = shift_left(segment_ids, segment_ids=segment_ids, fill=0)
     return {
         "inputs": tokens,
         "inputs_position": positions,
