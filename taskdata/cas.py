@@ -16,6 +16,8 @@ Example usage::
   included, so no stale lock is ever left behind and the next writer waits only for the holder's exit.
   The bytes go to a temporary file beside ``path`` that is synced and then renamed over it (and the folder
   synced): readers see the old file or the new one, whole, and an acknowledged write survives a power cut.
+  A writer killed before its rename leaves its temporary file; the next writer of ``path`` removes it under
+  the lock (whose holder is the only live writer of ``path``).
   ``flock`` must work on the file system (local disks do; some network file systems do not).
 - ``gs://``: the object's generation is the version; the write is an upload with ``ifGenerationMatch`` (0:
   the object must not exist), which GCS refuses with 412 if another writer got there first. gcsfs sends
@@ -34,6 +36,7 @@ import fcntl
 import functools
 import os
 import random
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,12 +47,17 @@ from taskdata import fs
 if TYPE_CHECKING:
     from google.cloud.storage import Client
 
-__all__ = ["MAX_ATTEMPTS", "UnsupportedStoreError", "Version", "read", "swap", "update"]
+__all__ = ["MAX_ATTEMPTS", "ContentionError", "UnsupportedStoreError", "Version", "read", "swap", "update"]
 
 # Writers that keep losing give up after this many tries (with growing random pauses, about 25 s in all).
 MAX_ATTEMPTS = 200
 _PAUSE_S = 0.002
 _MAX_PAUSE_S = 0.2
+
+
+class ContentionError(RuntimeError):
+    """A change not stored: other writers changed the file first ``MAX_ATTEMPTS`` times in a row (a service
+    condition, not a bad request: the CLI exits 3, the server answers 503)."""
 
 
 class UnsupportedStoreError(ValueError):
@@ -119,6 +127,7 @@ def swap(version: Version, data: bytes) -> Version | None:
         return Version(version.path, data, int(blob.generation))
     path = _local(version.path)
     with _locked(path):
+        _remove_temporaries(path)
         try:
             with open(path, "rb") as f:
                 now: bytes | None = f.read()
@@ -137,7 +146,7 @@ def update(path: str, change: Callable[[bytes | None], bytes | None]) -> tuple[V
     ``change`` gets the file's bytes (None if there is none) and returns the bytes to store, or None to leave
     the file as it is; it may raise to refuse. When another writer changes the file between the read and the
     swap, the file is read again and ``change`` is called on the new bytes, so it must decide from what it is
-    given alone. After ``MAX_ATTEMPTS`` lost swaps, TimeoutError.
+    given alone. After ``MAX_ATTEMPTS`` lost swaps, ContentionError (nothing stored).
     """
     pause = _PAUSE_S
     for _ in range(MAX_ATTEMPTS):
@@ -150,8 +159,8 @@ def update(path: str, change: Callable[[bytes | None], bytes | None]) -> tuple[V
             return written, True
         time.sleep(random.uniform(0, pause))
         pause = min(pause * 2, _MAX_PAUSE_S)
-    raise TimeoutError(f"Gave up changing {path}: other writers changed it first {MAX_ATTEMPTS} times in a row. "
-                       "Retry when fewer writers are at work.")
+    raise ContentionError(f"Gave up changing {path}: other writers changed it first {MAX_ATTEMPTS} times in a row, "
+                          "and this change was not stored. Retry when fewer writers are at work.")
 
 
 def _local(path: str) -> str:
@@ -170,9 +179,24 @@ def _locked(path: str) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def _temporary(path: str) -> str:
+    return f"{path}.tmp-{uuid.uuid4().hex}"
+
+
+def _remove_temporaries(path: str) -> None:
+    """Removes the temporary files of ``path`` left by writers killed before their rename. Called under the lock:
+    its holder is the only live writer of ``path``, and has not made its own yet."""
+    folder, name = os.path.split(path)
+    dead = re.compile(re.escape(name) + r"\.tmp-[0-9a-f]{32}")  # _temporary's names
+    for entry in os.listdir(folder):
+        if dead.fullmatch(entry):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, entry))
+
+
 def _replace(path: str, data: bytes) -> None:
     folder = os.path.dirname(path)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    tmp = _temporary(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)

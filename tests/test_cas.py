@@ -24,6 +24,18 @@ def test_a_swap_writes_only_over_the_version_it_was_given(tmp_path):
     assert sorted(os.listdir(tmp_path / "state")) == ["x.json", "x.json.lock"]  # no temporary file left
 
 
+def test_the_next_writer_removes_temporary_files_left_by_dead_writers_of_its_file_only(tmp_path):
+    path = str(tmp_path / "x.json")
+    version = cas.swap(cas.read(path), b"one")
+    dead = [tmp_path / f"x.json.tmp-{i:032x}" for i in range(2)]  # as writers killed before their rename leave
+    others = ["y.json.tmp-" + "0" * 32, "x.json.tmp-mine", "x.json2.tmp-" + "0" * 32]  # not x.json's
+    for leftover in [*dead, *(tmp_path / name for name in others)]:
+        leftover.write_bytes(b"half a rec")
+    assert cas.swap(version, b"two") is not None
+    assert sorted(os.listdir(tmp_path)) == sorted(["x.json", "x.json.lock", *others])
+    assert cas.read(path).data == b"two"
+
+
 def test_update_calls_the_change_again_on_what_another_writer_stored(tmp_path, monkeypatch):
     path = str(tmp_path / "counter")
     cas.swap(cas.read(path), b"1")
@@ -45,6 +57,18 @@ def test_update_calls_the_change_again_on_what_another_writer_stored(tmp_path, m
     assert cas.update(path, lambda data: None) == (cas.Version(path, b"6"), False)  # None: leave it
     with pytest.raises(ValueError, match="refused"):
         cas.update(path, lambda data: (_ for _ in ()).throw(ValueError("refused")))
+
+
+def test_a_writer_that_keeps_losing_gives_up_saying_nothing_was_stored(tmp_path, monkeypatch):
+    path = str(tmp_path / "x.json")
+    cas.swap(cas.read(path), b"one")
+    lost = []
+    monkeypatch.setattr(cas, "MAX_ATTEMPTS", 3)
+    monkeypatch.setattr(cas, "swap", lambda version, data: lost.append(data))  # another writer was first, each time
+    with pytest.raises(cas.ContentionError, match=rf"Gave up changing {path}: other writers changed it first 3 "
+                                                  r"times in a row, and this change was not stored\. Retry"):
+        cas.update(path, lambda data: b"two")
+    assert lost == [b"two"] * 3 and cas.read(path).data == b"one"
 
 
 def test_threads_incrementing_one_counter_lose_no_increment(tmp_path):
@@ -84,5 +108,7 @@ def test_gcs_generation_preconditions_are_honoured_by_fake_gcs_server_and_ignore
 def test_a_writer_killed_holding_the_lock_or_mid_swap_on_gcs_holds_nobody_up():
     figures = shared_state.sigkill_holder(rounds=2, gcs_kills=3)
     assert figures["ok"], figures
-    assert figures["killed_change_visible"] == 0 and figures["temporary_files_left_by_kills"] == 2
+    # Each killed holder had written its temporary file; the next writer removed it.
+    assert figures["holders_temporary_file_seen"] == 2 and figures["temporary_files_after_the_next_write"] == 0
+    assert figures["killed_change_visible"] == 0
     assert figures["seconds_from_kill_to_next_acknowledged"]["max"] < 10

@@ -76,9 +76,11 @@ def test_elements_are_the_model_features_of_t5x_s_data_shard_locally_and_through
 
 
 def tiny_model():
+    # t5x's CPU mesh puts every local device on its 'model' axis, and this process may hold 1, 4 or 8 of them
+    # (whatever an earlier test module forced): every model-sharded size (heads, mlp, vocab) divides by 8.
     module = network.Transformer(config=network.T5Config(
-        vocab_size=384, dtype="float32", emb_dim=8, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
-        head_dim=4, mlp_dim=16, mlp_activations=("relu",), dropout_rate=0.0, logits_via_embedding=True))
+        vocab_size=384, dtype="float32", emb_dim=8, num_heads=8, num_encoder_layers=1, num_decoder_layers=1,
+        head_dim=2, mlp_dim=16, mlp_activations=("relu",), dropout_rate=0.0, logits_via_embedding=True))
     return models.EncoderDecoderModel(module, seqio.ByteVocabulary(), seqio.ByteVocabulary(), adafactor.Adafactor())
 
 

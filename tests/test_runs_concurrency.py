@@ -121,6 +121,21 @@ def test_a_loser_rereads_when_its_swap_fails_and_the_refusal_names_what_it_lost_
     assert [s.start for s in RunStore(str(tmp_path)).get("drill_stages").plan.stages] == [500]
 
 
+def test_a_plan_add_stage_that_other_writers_keep_beating_exits_3_saying_nothing_was_stored(tmp_path, monkeypatch,
+                                                                                            capsys):
+    from taskdata import cas
+    from taskdata.cli import main
+
+    RunStore(str(tmp_path)).create(synthetic_run())
+    monkeypatch.setattr(cas, "MAX_ATTEMPTS", 2)
+    monkeypatch.setattr(cas, "swap", lambda version, data: None)  # another writer was first, each time
+    code = main(["plan", "--name", "drill_stages", "--cache-root", str(tmp_path), "--add-stage", "100:batch=16",
+                 "--current-step", "0"])
+    err = capsys.readouterr().err
+    assert code == 3 and err.startswith("taskdata plan: error: Gave up changing ") and "not stored" in err, err
+    assert RunStore(str(tmp_path)).get("drill_stages").plan.stages == ()
+
+
 def test_servers_reserve_steps_and_no_stage_starts_among_them(tmp_path):
     store = RunStore(str(tmp_path))
     store.create(synthetic_run())

@@ -206,6 +206,20 @@ def test_stage_requests_are_checked(client, root):
                        ).status_code == 401
 
 
+def test_a_stage_that_other_writers_keep_beating_is_503_and_not_stored(client, monkeypatch):
+    from taskdata import cas
+
+    monkeypatch.setattr(cas, "MAX_ATTEMPTS", 2)
+    monkeypatch.setattr(cas, "swap", lambda version, data: None)  # another writer was first, each time
+    response = post_stage(client, "base", start=500, batch={"start": 8}, current_step=500)
+    assert response.status_code == 503, response.text
+    assert response.json()["detail"] == ("Gave up changing _runs/base.json: other writers changed it first 2 times "
+                                         "in a row, and this change was not stored. Retry when fewer writers are at "
+                                         "work.")
+    monkeypatch.undo()
+    assert [s.start for s in get(client, "/runs/base")["plan"].get("stages", [])] == []
+
+
 def test_a_run_of_the_runs_file_takes_no_stage(root, tmp_path):
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps([mix_run(root, name="configured").to_dict()]))

@@ -25,9 +25,12 @@ count what they were told against what is stored. ``ok`` says whether every expe
   ``CURRENT`` names a complete version that verifies, exactly one job per round moved it and every other
   job's log names the version it stayed on, which is the one ``CURRENT`` names.
 - ``state-sigkill-holder``: a writer SIGKILLed while it holds the local lock (its temporary file written,
-  not yet renamed) while another writer waits for the lock; and writers on gs:// SIGKILLed at random
-  moments of a stream of swaps. Expected: the waiting writer proceeds (the figure: seconds from the kill to
-  its acknowledged append), the record is always a whole earlier or later state, never half-written.
+  not yet renamed) while another writer waits in ``flock`` for the lock (seen waiting in Linux's
+  /proc/locks); and writers on gs:// SIGKILLed at random moments of a stream of swaps. Expected: the waiting
+  writer proceeds (the figure: seconds from the kill to its acknowledged append) and removes the killed
+  writer's temporary file, the record is always a whole earlier or later state, never half-written; on
+  gs://, no increment acknowledged twice and the survivor's next acknowledged increment after every kill
+  (the last one's awaited for up to 60 s).
 
 Sizes default to the full run (``python deploy/faults.py --only state-``); ``tests/test_shared_state.py``
 calls the same functions smaller. Every process started here is stopped by its pid.
@@ -47,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -617,21 +621,23 @@ def sigkill_holder(rounds: int = 20, gcs_kills: int = 20, seed: int = 0) -> dict
     with tempfile.TemporaryDirectory(prefix="taskdata-state-kill-") as folder:
         root = folder
         RunStore(root).create(synthetic_run())
+        record = RunStore(root).path(RUN)
         env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
         for r in range(rounds):
-            before = Path(RunStore(root).path(RUN)).read_bytes()
+            before = Path(record).read_bytes()
             holder = subprocess.Popen([sys.executable, "-c", _HOLD_IN_LOCK, root, RUN, str(10 * r + 10)], cwd=REPO,
                                       env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
             waiter = None
             try:
                 if holder.stdout is None or holder.stdout.readline().strip() != "HOLDING":
                     raise RuntimeError("the holding writer did not reach its locked section")
+                figures["holders_temporary_file_seen"] += len(_temporaries(record)) == 1
                 waiter = subprocess.Popen([sys.executable, "-c", _APPEND, root, RUN, str(10 * r + 15)], cwd=REPO,
                                           env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
                 assert waiter.stdout is not None
                 waiter.stdout.readline()  # STARTED
-                time.sleep(0.5)  # its add_stage waits in flock by now (the holder keeps the lock)
-                figures["waiter_blocked_while_held"] += waiter.poll() is None and not _ready(waiter.stdout)
+                waiting = _within(60, lambda pid=waiter.pid: _waits_for_flock(pid, f"{record}.lock"))
+                figures["waiter_seen_waiting_for_the_lock"] += waiting and waiter.poll() is None
                 killed_at = time.time()
                 os.killpg(holder.pid, signal.SIGKILL)
                 holder.wait(timeout=60)
@@ -639,6 +645,7 @@ def sigkill_holder(rounds: int = 20, gcs_kills: int = 20, seed: int = 0) -> dict
                 waiter.wait(timeout=60)
                 if line and line[0] == "ACKNOWLEDGED":
                     waits.append(float(line[1]) - killed_at)
+                figures["temporary_files_after_the_next_write"] += len(_temporaries(record))
                 after = RunStore(root, refresh_seconds=0).get(RUN)
                 figures["record_whole_after_kill"] += after is not None
                 starts = [s.start for s in after.plan.stages] if after is not None else []
@@ -652,29 +659,54 @@ def sigkill_holder(rounds: int = 20, gcs_kills: int = 20, seed: int = 0) -> dict
                     if process is not None and process.poll() is None:
                         os.killpg(process.pid, signal.SIGKILL)
                         process.wait(timeout=60)
-        figures["temporary_files_left_by_kills"] = len(list(Path(root, "_runs").glob("*.tmp-*")))
         figures["runs_listed"] = len(RunStore(root).names())
     gcs = _gcs_kills(gcs_kills, rng)
     out: dict[str, Any] = {"rounds": rounds, **figures, **gcs}
     out["seconds_from_kill_to_next_acknowledged"] = _spread(waits)
     out["seconds"] = round(time.monotonic() - started, 1)
-    out["ok"] = (figures["waiter_blocked_while_held"] == rounds and len(waits) == rounds
+    out["ok"] = (figures["waiter_seen_waiting_for_the_lock"] == rounds and len(waits) == rounds
+                 and figures["holders_temporary_file_seen"] == rounds
+                 and figures["temporary_files_after_the_next_write"] == 0
                  and figures["record_whole_after_kill"] == rounds and figures["killed_change_visible"] == 0
                  and figures["waiter_change_stored"] == rounds and figures["runs_listed"] == 1
                  and figures["record_unchanged_but_for_waiter"] == rounds and gcs["gcs_ok"])
     return out
 
 
-def _ready(stream: Any) -> bool:
-    import select
+def _temporaries(path: str) -> list[str]:
+    """The temporary files of ``path`` (``taskdata.cas`` writes one, renamed over ``path`` once synced)."""
+    return [str(p) for p in Path(path).parent.glob(Path(path).name + ".tmp-*")]
 
-    return bool(select.select([stream], [], [], 0)[0])
+
+def _waits_for_flock(pid: int, lock_file: str) -> bool:
+    """Whether process ``pid`` is blocked in ``flock`` of ``lock_file``: Linux lists each waiter in /proc/locks, its
+    line marked '->', with its pid and the file's device and inode."""
+    stat = os.stat(lock_file)
+    where = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    with open("/proc/locks") as locks:
+        for line in locks:
+            fields = line.split()  # "1: -> FLOCK ADVISORY WRITE PID MAJOR:MINOR:INODE 0 EOF"
+            if fields[1:3] == ["->", "FLOCK"] and fields[5:7] == [str(pid), where]:
+                return True
+    return False
+
+
+def _within(seconds: float, condition: Callable[[], bool]) -> bool:
+    """Whether ``condition()`` became true within ``seconds`` (polled)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def _gcs_kills(kills: int, rng: random.Random) -> dict[str, Any]:
     """Two writers increment a counter object on gs:// by compare-and-swap; one is SIGKILLed at a random moment
     and another started, ``kills`` times. Every value read between kills must be whole, no value may be
-    acknowledged twice (two writers told they stored the same increment), and the survivor goes on at once."""
+    acknowledged twice (two writers told they stored the same increment), and the survivor goes on at once:
+    the figure is the time from each kill to the survivor's next acknowledged increment, which it is given
+    60 s to make after the last kill."""
     figures: Counter[str] = Counter()
     with fake_gcs_server() as gcs:
         env = {**os.environ, **gcs, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -688,24 +720,36 @@ def _gcs_kills(kills: int, rng: random.Random) -> dict[str, Any]:
                                     text=True, start_new_session=True)
 
         survivor = start()
-        for _ in range(kills):
-            victim = start()
-            assert victim.stdout is not None
-            victim.stdout.readline()  # it has stored a value: it is in its loop
-            time.sleep(rng.uniform(0, 0.3))
-            killed_at.append(time.time())
-            os.killpg(victim.pid, signal.SIGKILL)
-            out, _ = victim.communicate(timeout=60)
-            told += _acknowledged(out)
-            with urllib.request.urlopen(
-                    f"{gcs['STORAGE_EMULATOR_HOST']}/download/storage/v1/b/{BUCKET}/o/{urllib.parse.quote(key, safe='')}"
-                    "?alt=media", timeout=30) as response:
-                data = response.read()
-            figures["reads_whole"] += len(data) == len(data.rstrip(b"\n")) + 4096 and data[:1].isdigit()
-        time.sleep(0.5)
-        os.killpg(survivor.pid, signal.SIGKILL)
-        out, _ = survivor.communicate(timeout=60)
-        survived = _acknowledged(out)
+        printed: list[str] = []  # the survivor's output so far, read as it comes (so its pipe never fills)
+
+        def read_survivor() -> None:
+            assert survivor.stdout is not None
+            for line in survivor.stdout:
+                printed.append(line)
+
+        reader = threading.Thread(target=read_survivor, daemon=True)
+        reader.start()
+        try:
+            for _ in range(kills):
+                victim = start()
+                assert victim.stdout is not None
+                victim.stdout.readline()  # it has stored a value: it is in its loop
+                time.sleep(rng.uniform(0, 0.3))
+                killed_at.append(time.time())
+                os.killpg(victim.pid, signal.SIGKILL)
+                out, _ = victim.communicate(timeout=60)
+                told += _acknowledged(out)
+                with urllib.request.urlopen(
+                        f"{gcs['STORAGE_EMULATOR_HOST']}/download/storage/v1/b/{BUCKET}/o/"
+                        f"{urllib.parse.quote(key, safe='')}?alt=media", timeout=30) as response:
+                    data = response.read()
+                figures["reads_whole"] += len(data) == len(data.rstrip(b"\n")) + 4096 and data[:1].isdigit()
+            _within(60, lambda: any(when >= killed_at[-1] for _, when in _acknowledged("".join(printed))))
+        finally:
+            os.killpg(survivor.pid, signal.SIGKILL)
+            survivor.wait(timeout=60)
+            reader.join(timeout=60)
+        survived = _acknowledged("".join(printed))
         told += survived
     values = [value for value, _ in told]
     pauses = []
@@ -720,10 +764,9 @@ def _gcs_kills(kills: int, rng: random.Random) -> dict[str, Any]:
 
 
 def _acknowledged(out: str) -> list[tuple[int, float]]:
-    """(value, time) of each whole line a counter printed (the last may be cut by its kill)."""
-    lines = [line.split() for line in out.splitlines()]
-    return [(int(line[0]), float(line[1])) for line in lines if len(line) == 2 and line[1].count(".") <= 1
-            and line[1].replace(".", "").isdigit()]
+    """(value, time) of each whole line a counter printed: the last, cut by its kill, has no line end."""
+    lines = [line.split() for line in out.split("\n")[:-1]]
+    return [(int(line[0]), float(line[1])) for line in lines if len(line) == 2]
 
 
 def _spread(values: list[float]) -> dict[str, float]:

@@ -39,7 +39,8 @@ _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "A plan that breaks a rule (the message says which)."},
     404: {"model": ErrorResponse, "description": "Unknown task or mixture."},
     409: {"model": ErrorResponse, "description": "A different plan already exists under this name."},
-    503: {"model": ErrorResponse, "description": "A task of the mixture has no complete cache."},
+    503: {"model": ErrorResponse, "description": "A task of the mixture has no complete cache, or other writers kept "
+          "changing the run's record (nothing stored)."},
 }
 
 
@@ -165,6 +166,8 @@ _STAGE_ERRORS = {
     409: {"model": ErrorResponse, "description": "The run is configured in the runs file, which the server "
           "does not write; or the stage starts in steps servers may have answered; or another writer changed "
           "the run first and the stage is no longer valid (the message names that change)."},
+    503: {"model": ErrorResponse, "description": "Other writers kept changing the run's record: nothing stored; "
+          "retry."},
 }
 
 

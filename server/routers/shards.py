@@ -40,7 +40,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     503: {
         "model": ErrorResponse,
         "description": "A cache of the run is missing, incomplete, fails verification, or is being verified "
-        "(first use; with Retry-After).",
+        "(first use; with Retry-After); or other writers kept changing the run's record while this server "
+        "reserved the steps asked for.",
     },
 }
 
