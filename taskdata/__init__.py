@@ -8,6 +8,7 @@ This module re-exports the names user code needs.
 
 from taskdata.config import Config
 from taskdata.define.features import Feature
+from taskdata.define.hf_vocabulary import HuggingFaceVocabulary
 from taskdata.define.mixture import Mixture, MixtureError
 from taskdata.define.registry import DuplicateNameError, Registry, UnknownNameError
 from taskdata.define.task import OutputFeatureError, Task
@@ -33,6 +34,7 @@ __all__ = [
     "DuplicateNameError",
     "Feature",
     "FunctionSource",
+    "HuggingFaceVocabulary",
     "InvalidNameError",
     "Mixture",
     "MixtureError",

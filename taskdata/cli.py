@@ -88,10 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     vocab = sub.add_parser("vocab", help="vocabulary tools")
     vocab_sub = vocab.add_subparsers(dest="vocab_command", metavar="SUBCOMMAND", required=True)
     p = vocab_sub.add_parser("train", parents=[common],
-                             help="train a SentencePiece model (T5 conventions) on a task's source text, deterministically")
+                             help="train a vocabulary (T5's special ids) on a task's source text, deterministically: a "
+                                  "SentencePiece model, or a byte-level BPE tokenizer.json (Hugging Face tokenizers)")
     p.add_argument("--task", required=True)
-    p.add_argument("--size", type=int, required=True, help="number of pieces (without extra ids)")
-    p.add_argument("--out", required=True, help="output .model file")
+    p.add_argument("--kind", choices=("sentencepiece", "bpe"), default="sentencepiece",
+                   help="sentencepiece: a SentencePiece .model (unigram, as T5's); bpe: a Hugging Face tokenizers "
+                        "tokenizer.json, byte-level BPE as GPT-2's (for HuggingFaceVocabulary). Default: sentencepiece")
+    p.add_argument("--size", type=int, required=True,
+                   help="number of pieces (without extra ids); for bpe, of tokens (3 special, 256 bytes, then merges)")
+    p.add_argument("--out", required=True, help="output file (.model for sentencepiece, tokenizer.json for bpe)")
     p.add_argument("--split", default="train")
     p.add_argument("--max-docs", type=int, default=None, help="use at most this many documents")
     p.set_defaults(run=_cmd_vocab_train)
@@ -428,10 +433,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_vocab_train(args: argparse.Namespace) -> int:
+    from taskdata.define.bpe_training import train_bpe_from_task
     from taskdata.define.vocab_training import train_from_task
 
     task = _registry(args).get_task(args.task)
-    path = train_from_task(task, args.split, args.size, args.out, max_docs=args.max_docs)
+    train = train_bpe_from_task if args.kind == "bpe" else train_from_task
+    path = train(task, args.split, args.size, args.out, max_docs=args.max_docs)
     print(f"wrote {path}")
     return 0
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["pydoc_lines", "python_docs"]
+__all__ = ["pydoc_lines", "pydoc_topics", "python_docs"]
 
 
 def pydoc_lines(limit_chars: int) -> list[str]:
@@ -37,3 +37,10 @@ def python_docs(first_topic: int, limit_chars: int = 120_000) -> list[str]:
         if total >= limit_chars:
             break
     return texts
+
+
+def pydoc_topics(first_topic: int, count: int = 60) -> list[str]:
+    """``count`` whole topics of Python's bundled reference docs, from the given topic on (documents, not lines)."""
+    import pydoc_data.topics
+
+    return [pydoc_data.topics.topics[key] for key in sorted(pydoc_data.topics.topics)[first_topic : first_topic + count]]

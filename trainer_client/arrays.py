@@ -58,7 +58,9 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def host_slice(mesh: Mesh, process_index: int | None = None) -> HostSlice:
-    """The slice of every global batch that ``process_index`` (default: this process) must supply."""
+    """The slice of every global batch that ``process_index`` (default: this process) must supply to
+    ``global_batch`` (rows sharded over the ``data`` axis, replicated over the others). Not for MaxText, which
+    shards every batch over all of its mesh axes from each process's own rows: ``trainer_client.maxtext``."""
     process = jax.process_index() if process_index is None else process_index
     grid = mesh.devices
     axis = mesh.axis_names.index(DATA_AXIS)

@@ -9,12 +9,14 @@
     manager.restore(step, args=ocp.args.Composite(
         items=ocp.args.StandardRestore(abstract), iter=grain.checkpoint.CheckpointRestore(it)))
 
-For pipelines written with Grain (MaxText): each element is one step's host batch, exactly what
-``DataIterator`` yields for that step, plus its ``step`` (a dict of numpy arrays); a step that the
-plan skips yields no element. The iterator's state (``get_state``) is a ``DataState``'s dict, the
-next step and the run fingerprint, so Grain's own orbax handler (``grain.checkpoint.CheckpointSave``
-/ ``CheckpointRestore``, MaxText's ``PyGrainCheckpointSave``/``Restore``) checkpoints it, and
-``set_state`` moves the underlying ``DataIterator`` to that step (``ResumeError`` for another run).
+For pipelines written with Grain: each element is one step's host batch, exactly what ``DataIterator``
+yields for that step, plus its ``step`` (a dict of numpy arrays); a step that the plan skips yields no
+element. The iterator's state (``get_state``) is a ``DataState``'s dict, the next step and the run
+fingerprint, so Grain's own orbax handler (``grain.checkpoint.CheckpointSave`` / ``CheckpointRestore``)
+checkpoints it, and ``set_state`` moves the underlying ``DataIterator`` to that step (``ResumeError`` for
+another run). MaxText is not such a pipeline: it makes a batch array of every leaf (the scalar ``step``
+fails), reads its own six fields and needs one batch per step, skipped ones included; its pipeline is
+``trainer_client.maxtext``.
 Grain's transformations that keep one element per input (``map``) pass the state through. Grain's
 handler restores only on the number of processes that saved; ``trainer_client.orbax_state``'s
 ``DataCheckpointSave``/``Restore`` take the same iterators and restore on any number.

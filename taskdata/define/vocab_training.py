@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SentencePieceOptions",
+    "source_texts",
     "train_from_source",
     "train_from_task",
     "train_sentencepiece",
@@ -186,8 +187,9 @@ def _explain(error: RuntimeError, settings: SentencePieceOptions, sentences: int
     return ValueError(f"SentencePiece training failed on {sentences} lines with {settings}: {error}")
 
 
-def _source_texts(source: Source, split: str, max_docs: int | None, text_key: str) -> Iterator[str]:
-    """The ``text_key`` field of the split's records, shard after shard in source order."""
+def source_texts(source: Source, split: str, max_docs: int | None, text_key: str = "text") -> Iterator[str]:
+    """The ``text_key`` field of the first ``max_docs`` records (all if None) of the split, shard after shard in
+    source order: what every vocabulary trainer reads (``bpe_training`` too)."""
     if max_docs is not None and (
         isinstance(max_docs, bool) or not isinstance(max_docs, int) or max_docs <= 0
     ):
@@ -226,7 +228,7 @@ def train_from_source(
 ) -> str:
     """Trains on the first ``max_docs`` records (all if None) of ``source``'s ``split``, in source order."""
     return train_sentencepiece(
-        _source_texts(source, split, max_docs, text_key), vocab_size, out_path, **options
+        source_texts(source, split, max_docs, text_key), vocab_size, out_path, **options
     )
 
 

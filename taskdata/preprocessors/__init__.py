@@ -1,6 +1,7 @@
 """Preprocessors: functions over one source shard's example stream (see ``base``)."""
 
 from taskdata.preprocessors.base import Example, Preprocessor, ShardContext
+from taskdata.preprocessors.concat_chunk import ConcatenateAndChunk
 from taskdata.preprocessors.eos import AppendEos, AppendEosAfterTrim
 from taskdata.preprocessors.filter import Filter, FilterEmpty
 from taskdata.preprocessors.masked_lm import MaskedLM
@@ -19,6 +20,7 @@ from taskdata.preprocessors.trim import Trim
 __all__ = [
     "AppendEos",
     "AppendEosAfterTrim",
+    "ConcatenateAndChunk",
     "Example",
     "Filter",
     "FilterEmpty",

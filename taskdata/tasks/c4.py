@@ -1,9 +1,13 @@
-"""C4 pretraining tasks as T5 and BERT define them.
+"""C4 pretraining tasks as T5 and BERT define them, and decoder-only language modelling.
 
 The source is C4 in allenai/c4's JSON-lines format: ``config.c4_dir`` if given, else the built-in corpus
-(built into ``config.home`` on first use). The vocabulary is ``config.vocab`` (a SentencePiece model
-with T5's special ids, e.g. T5's ``cc_all.32000`` model) if given, else one trained on the built-in
-corpus; both with T5's 100 extra ids.
+(built into ``config.home`` on first use). The T5 and BERT objectives' vocabulary is ``config.vocab`` (a
+SentencePiece model with T5's special ids, e.g. T5's ``cc_all.32000`` model) if given, else one trained on
+the built-in corpus; both with T5's 100 extra ids.
+
+``c4_lm`` is what decoder-only models train on (MaxText, GPT-style trainers): documents joined with EOS and
+cut into rows of 512 tokens (``ConcatenateAndChunk``), tokenized with a byte-level BPE ``tokenizer.json``
+(Hugging Face ``tokenizers``) trained on the built-in corpus.
 
 Their metrics say how much of the hidden text a model restores: span corruption reports
 ``span_exact_match`` (whole targets), ``span_accuracy`` (spans under their sentinel) and
@@ -15,12 +19,14 @@ from __future__ import annotations
 
 from taskdata.config import Config
 from taskdata.define.features import Feature
+from taskdata.define.hf_vocabulary import HuggingFaceVocabulary
 from taskdata.define.packing import Packing
 from taskdata.define.registry import Registry
 from taskdata.define.vocabularies import SentencePieceVocabulary
 from taskdata.metrics import TokenAccuracy, sequence_accuracy, span_accuracy
 from taskdata.preprocessors import (
     AppendEosAfterTrim,
+    ConcatenateAndChunk,
     MaskedLM,
     PrefixLM,
     Rekey,
@@ -50,6 +56,11 @@ def register_builtin_tasks(registry: Registry, config: Config | None = None, *, 
         from taskdata.tasks import corpus
 
         return corpus.ensure_builtin_vocabulary(home=home)
+
+    def builtin_tokenizer() -> str:
+        from taskdata.tasks import corpus
+
+        return corpus.ensure_builtin_tokenizer(home=home)
 
     vocabulary = SentencePieceVocabulary(config.vocab or builtin_vocabulary, extra_ids=100)
     features = {
@@ -96,6 +107,14 @@ def register_builtin_tasks(registry: Registry, config: Config | None = None, *, 
         replace=replace,
     )
     registry.add(sentences.with_packing(Packing(), name="c4_sentence_prefix_lm_packed"), replace=replace)
+    registry.add_task(
+        "c4_lm",
+        source,
+        [Rekey({"targets": "text"}), Tokenize(), ConcatenateAndChunk()],
+        output_features={"targets": Feature(vocabulary=HuggingFaceVocabulary(builtin_tokenizer), add_eos=True)},
+        sequence_length={"targets": 512},
+        replace=replace,
+    )
     registry.add_mixture(
         "c4_span_corruption_prefix_lm",
         [("c4_span_corruption", 1.0), ("c4_prefix_lm", 1.0)],

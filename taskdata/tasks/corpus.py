@@ -16,10 +16,10 @@ system texts were found is recorded in ``CORPUS.json`` together with the sha256 
 a machine with another Python or another Debian release makes a different (still deterministic)
 corpus, and the manifest says why.
 
-``ensure_builtin_corpus`` and ``ensure_builtin_vocabulary`` build once into the user's cache folder
-and reuse the result. A build goes into a temporary folder that is renamed into place (``CORPUS.json``
-written last), so no process ever sees a partial corpus; a file lock makes racing processes wait for
-one build instead of repeating it, and the rename keeps them correct where locks do not work.
+``ensure_builtin_corpus``, ``ensure_builtin_vocabulary`` and ``ensure_builtin_tokenizer`` build once into the
+user's cache folder and reuse the result. A build goes into a temporary folder that is renamed into place
+(``CORPUS.json`` written last), so no process ever sees a partial corpus; a file lock makes racing processes
+wait for one build instead of repeating it, and the rename keeps them correct where locks do not work.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ __all__ = [
     "build_corpus",
     "builtin_corpus_dir",
     "ensure_builtin_corpus",
+    "ensure_builtin_tokenizer",
     "ensure_builtin_vocabulary",
     "read_manifest",
 ]
@@ -692,6 +693,32 @@ def ensure_builtin_vocabulary(
         _to_stderr(f"[vocab] training the built-in SentencePiece vocabulary ({vocab_size:,} pieces) on the corpus's "
                    "train split (once per home folder)")
         train_from_source(C4Source(corpus_dir, splits=("train",)), "train", vocab_size, path)
+        _to_stderr(f"[vocab] trained {path} in {time.monotonic() - started:.1f} s")
+
+    return _ensure(path, lambda: os.path.isfile(path), build)
+
+
+def ensure_builtin_tokenizer(
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    params: CorpusParameters = DEFAULT_PARAMETERS,
+    home: str | None = None,
+) -> str:
+    """A byte-level BPE ``tokenizer.json`` (Hugging Face ``tokenizers``, T5's special ids) trained on the
+    built-in corpus's train split, for the built-in decoder-only task.
+
+    Kept inside the corpus folder and trained once; racing processes use the first one published.
+    """
+    from taskdata.define.bpe_training import BpeOptions, train_bpe_from_source
+    from taskdata.sources.c4 import C4Source
+
+    corpus_dir = ensure_builtin_corpus(params, home)
+    path = os.path.join(corpus_dir, f"tokenizer-{BpeOptions(vocab_size).file_tag}.json")
+
+    def build() -> None:
+        started = time.monotonic()
+        _to_stderr(f"[vocab] training the built-in BPE tokenizer ({vocab_size:,} tokens) on the corpus's train split "
+                   "(once per home folder)")
+        train_bpe_from_source(C4Source(corpus_dir, splits=("train",)), "train", vocab_size, path)
         _to_stderr(f"[vocab] trained {path} in {time.monotonic() - started:.1f} s")
 
     return _ensure(path, lambda: os.path.isfile(path), build)
