@@ -153,9 +153,9 @@ def test_a_block_order_run_reads_each_read_with_one_request_within_the_stated_bo
     requests: list[int] = []
     real_read_runs = reader_module._read_runs
 
-    def counting(source_, path, begins, sizes):
+    def counting(fd, begins, sizes):
         requests.append(len(begins))
-        return real_read_runs(source_, path, begins, sizes)
+        return real_read_runs(fd, begins, sizes)
 
     monkeypatch.setattr(reader_module, "_read_runs", counting)
     bound = reads_bound(plan, 4)
