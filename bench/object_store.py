@@ -19,8 +19,10 @@ with 503, ``--stall-every N --stall-s S`` holds every Nth one S seconds longer b
 Both count the reads of object bytes in the order they arrive, so a run's faults are reproducible.
 
 ``GET /_store/counts`` (never delayed, never counted) returns what has been served: requests by kind
-(``media ranged``, ``media whole``, ``metadata``, ``list``, ``bucket``, ``refused``), the faults injected,
-the most requests in flight at once (``max_in_flight``), and the bytes of the object reads' bodies.
+(``media ranged``, ``media whole``, ``metadata``, ``list``, ``bucket``, ``refused``) and by object and
+kind (``NAME media``, ``NAME metadata``), the faults injected, the most requests in flight at once
+(``max_in_flight``; of ranged object reads alone, ``max_ranged_in_flight``), and the bytes of the object
+reads' bodies.
 ``running_store`` starts one in a child process for a bench or a test and stops it by its pid.
 """
 
@@ -55,15 +57,18 @@ class StoreCounts:
     """What a store has served so far (``GET /_store/counts``)."""
 
     requests: Counter[str]
+    objects: Counter[str]  # "NAME media" / "NAME metadata": requests per object
     failed: int
     stalled: int
     max_in_flight: int
+    max_ranged_in_flight: int
     media_bytes: int
 
     def __sub__(self, before: StoreCounts) -> StoreCounts:
-        """What was served between two readings (``max_in_flight`` is the later reading's)."""
-        return StoreCounts(self.requests - before.requests, self.failed - before.failed,
-                           self.stalled - before.stalled, self.max_in_flight, self.media_bytes - before.media_bytes)
+        """What was served between two readings (the maxima in flight are the later reading's)."""
+        return StoreCounts(self.requests - before.requests, self.objects - before.objects, self.failed - before.failed,
+                           self.stalled - before.stalled, self.max_in_flight, self.max_ranged_in_flight,
+                           self.media_bytes - before.media_bytes)
 
     @property
     def media(self) -> int:
@@ -80,11 +85,14 @@ class _Store:
         self.stall_every = stall_every
         self.stall_s = stall_s
         self.requests: Counter[str] = Counter()
+        self.objects: Counter[str] = Counter()
         self.media_reads = 0
         self.failed = 0
         self.stalled = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.ranged_in_flight = 0
+        self.max_ranged_in_flight = 0
         self.media_bytes = 0
         self._crc32c: dict[str, tuple[float, int, str]] = {}
 
@@ -139,15 +147,22 @@ class _Store:
         from aiohttp import web
 
         if request.path == COUNTS_PATH:
-            return web.json_response({"requests": dict(self.requests), "failed": self.failed, "stalled": self.stalled,
-                                      "max_in_flight": self.max_in_flight, "media_bytes": self.media_bytes})
+            return web.json_response({"requests": dict(self.requests), "objects": dict(self.objects),
+                                      "failed": self.failed, "stalled": self.stalled,
+                                      "max_in_flight": self.max_in_flight,
+                                      "max_ranged_in_flight": self.max_ranged_in_flight,
+                                      "media_bytes": self.media_bytes})
+        ranged = int(request.query.get("alt") == "media" and "Range" in request.headers)
         self.in_flight += 1
+        self.ranged_in_flight += ranged
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.max_ranged_in_flight = max(self.max_ranged_in_flight, self.ranged_in_flight)
         try:
             await asyncio.sleep(self.delay_s)
             return await self._answer(request)
         finally:
             self.in_flight -= 1
+            self.ranged_in_flight -= ranged
 
     async def _answer(self, request: Any) -> Any:
         from aiohttp import web
@@ -172,6 +187,7 @@ class _Store:
         file = self.path_of(name)
         if query.get("alt") != "media":
             self.requests["metadata"] += 1
+            self.objects[f"{name} metadata"] += 1
             if file is None:
                 return _error(404, f"No such object: {self.bucket}/{name}")
             return web.json_response(self.metadata(name, file))
@@ -182,6 +198,7 @@ class _Store:
 
         ranged = "Range" in request.headers
         self.requests["media ranged" if ranged else "media whole"] += 1
+        self.objects[f"{name} media"] += 1
         self.media_reads += 1
         if self.fail_every and self.media_reads % self.fail_every == 0:
             self.failed += 1
@@ -256,8 +273,8 @@ async def serve(root: str, bucket: str, port: int, delay_ms: float, fail_every: 
 def read_counts(url: str) -> StoreCounts:
     with urllib.request.urlopen(url + COUNTS_PATH, timeout=10) as response:
         data = json.loads(response.read())
-    return StoreCounts(Counter(data["requests"]), data["failed"], data["stalled"], data["max_in_flight"],
-                       data["media_bytes"])
+    return StoreCounts(Counter(data["requests"]), Counter(data["objects"]), data["failed"], data["stalled"],
+                       data["max_in_flight"], data["max_ranged_in_flight"], data["media_bytes"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,13 @@ Two daemon threads keep the train step fed: a fetcher asks the assignment source
 interleave, padding) and queues up to ``prefetch`` of them. ``next()`` only takes a ready batch, so
 the train step waits only when reading is slower than training; ``waited_seconds`` measures that.
 
+The reader keeps the reads of up to ``lookahead`` steps in flight (``BatchReader.start``) while it
+finishes the oldest, in step order, as long as the bytes they read stay within ``read_ahead_bytes``
+(the oldest step is always read, however large). From an object store that is what hides its latency:
+a step's ranged reads, and the next steps', are requests in flight together (at most
+``FetchOptions.max_in_flight``), not one round trip after another. From local disk it changes nothing
+(local shards are read when their step is finished).
+
 With ``workers=N`` the reader hands the steps, in order, to N worker processes
 (``trainer_client.read_workers``) that read whole batches on other cores, ``SLOTS_PER_WORKER`` steps each ahead. It
 starts them once the first batch is queued and reads steps itself until they have started, so the first
@@ -32,11 +39,12 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from taskdata.cache.ranges import FetchOptions
 from taskdata.index import slice_positions
 from trainer_client.assignments import AssignmentError, AssignmentSource, HostSlice, RunInfo, StepReads
 from trainer_client.local_source import LocalAssignments
 from trainer_client.read_workers import SLOTS_PER_WORKER, LocalSteps, PlannedStep, ReadWorkers
-from trainer_client.reading import BatchReader, ClientBatch
+from trainer_client.reading import BatchReader, ClientBatch, PendingBatch
 
 __all__ = ["DataIterator", "DataState", "ResumeError"]
 
@@ -94,6 +102,11 @@ class _Done(enum.Enum):
 
 
 _DONE = _Done.DONE
+
+
+def _step_bytes(step_reads: StepReads) -> int:
+    """The bytes of the records a step's instructions name."""
+    return sum(int(task.byte_length.sum()) for task in step_reads.tasks)
 _Item = TypeVar("_Item")
 _Arg = TypeVar("_Arg")
 
@@ -106,8 +119,11 @@ class DataIterator:
       lengths: padded length of every feature to deliver, e.g. ``{"inputs": 512, "targets": 114}``.
       start: step 0 of a new run (an int), or the ``DataState`` of a checkpoint to resume from.
       host_slice: the slice of every global batch this host reads (default: process index of count).
-      lookahead: steps of instructions fetched per request.
+      lookahead: steps of instructions fetched per request, and steps whose reads may be in flight at once.
       prefetch: batches read ahead of the train step.
+      read_ahead_bytes: the most bytes that the reads of steps started and not finished may hold (one
+        step is always read, whatever its size).
+      fetch: how remote shards are read: ``FetchOptions(max_in_flight, max_gap, timeout, attempts)``.
       workers: processes that read batches (0: the reading thread of this process reads them). Over a
         ``LocalAssignments`` source each worker computes its own steps' instructions (this process
         computes only the steps it reads itself: skipped ones, and those before the workers have started).
@@ -134,8 +150,10 @@ class DataIterator:
         verify_crc: bool = True,
         workers: int = 0,
         copy_batches: bool = True,
+        read_ahead_bytes: int = 64 << 20,
+        fetch: FetchOptions | None = None,
     ):
-        for value, what in ((lookahead, "lookahead"), (prefetch, "prefetch")):
+        for value, what in ((lookahead, "lookahead"), (prefetch, "prefetch"), (read_ahead_bytes, "read_ahead_bytes")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{what} must be a positive integer but got {value!r}.")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
@@ -163,7 +181,11 @@ class DataIterator:
         self.host_slice = host_slice
         self._next_step = first
         self._stop_step = stop_step
-        self._reader = BatchReader(info, lengths, verify_crc=verify_crc)
+        # Over a local source the reader shares its cache readers: each sidecar is read once per process.
+        readers = source.readers if isinstance(source, LocalAssignments) else None
+        self._reader = BatchReader(info, lengths, verify_crc=verify_crc, readers=readers, fetch=fetch)
+        self._read_ahead_bytes = read_ahead_bytes
+        self._fetch_options = fetch
         self._workers = workers
         # Over a local source the workers compute their steps' instructions; the fetch thread queues only
         # the steps' numbers and positions (PlannedStep), and this process computes the instructions of
@@ -407,17 +429,63 @@ class DataIterator:
         if self._workers:
             self._read_pooled()
             return
-        while True:
-            item = self._get(self._instructions)
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            if isinstance(item, StepReads):
-                self._check_slice(item)
-            batch = self._reader.read(self._reads_of(item))
-            if not self._put(self._batches, batch):
-                return
+        started: collections.deque[PendingBatch | BaseException] = collections.deque()  # in step order
+        finished = False
+        try:
+            while not finished or started:
+                if self._stopping.is_set():
+                    return
+                if not finished:
+                    finished = self._start_more(started)
+                if not started:
+                    continue
+                head = started.popleft()
+                if isinstance(head, BaseException):
+                    raise head  # after the batch of every step before it
+                if not self._put(self._batches, self._reader.finish(head)):
+                    return
+        finally:
+            for pending in started:
+                if isinstance(pending, PendingBatch):
+                    pending.cancel()
+
+    def _start_more(self, started: collections.deque[PendingBatch | BaseException]) -> bool:
+        """Starts the reads of the next steps whose instructions are here, within the read-ahead (waiting
+        for one only when none is started); True once the last step, or an error, is in ``started``."""
+        new: list[StepReads] = []
+        held = sum(_step_bytes(p.step_reads) for p in started if isinstance(p, PendingBatch))
+        while len(started) + len(new) < self._lookahead and (not (started or new) or held < self._read_ahead_bytes):
+            item: StepReads | PlannedStep | BaseException | _Done
+            if started or new:
+                try:
+                    item = self._instructions.get_nowait()
+                except queue.Empty:
+                    break
+            else:
+                item = self._get(self._instructions)
+            if item is _DONE or isinstance(item, BaseException):
+                self._start_all(new, started)
+                if isinstance(item, BaseException):
+                    started.append(item)
+                return True
+            assert isinstance(item, StepReads)  # without workers the fetch thread sends instructions only
+            new.append(item)
+            held += _step_bytes(item)
+        return self._start_all(new, started)
+
+    def _start_all(self, new: list[StepReads], started: collections.deque[PendingBatch | BaseException]) -> bool:
+        """Starts ``new`` in order; True if one failed (its error then ends ``started``)."""
+        if new:
+            with contextlib.suppress(Exception):  # only a prefetch: what fails here fails again, in order, below
+                self._reader.open(new)
+        for step_reads in new:
+            try:
+                self._check_slice(step_reads)
+                started.append(self._reader.start(step_reads))
+            except Exception as error:
+                started.append(error)
+                return True
+        return False
 
     def _start_pool(self) -> ReadWorkers | None:
         """The read workers, started now (None if the iterator is stopping)."""
@@ -429,7 +497,8 @@ class DataIterator:
                     assert isinstance(self._source, LocalAssignments)
                     local = LocalSteps(self._source.version_dirs, self.host_slice)
                 self._pool = ReadWorkers(
-                    reader.info, reader.lengths, self._workers, verify_crc=reader.verify_crc, local=local
+                    reader.info, reader.lengths, self._workers, verify_crc=reader.verify_crc, local=local,
+                    fetch=self._fetch_options,
                 )
             return self._pool
 

@@ -20,7 +20,8 @@ they were started.
   range was asked, so a retry never reorders anything and no range is ever left out: a read that
   still fails raises ``RangeReadError`` from ``result``, naming the file, the range and the error.
 - A file shorter than a range asked (a truncated shard) is not an error here: ``result`` returns
-  the whole ranges before its end and the file's size, for the caller to name the record.
+  the whole ranges before its end and the file's size, for the caller to name the record. (A range
+  that starts past the end fails every try, e.g. with 416; only then is the file's size asked.)
 
 Local files are not read here: ``CacheReader`` reads them with ``pread`` (microseconds; a thread's
 hand-over would cost more than it hides).
@@ -187,10 +188,10 @@ class RangeFetcher:
                     raise
                 except Exception as error:
                     errors.append(error)
-                    if await self._past_end_async(filesystem, inner, start):
-                        return b""  # the file ends before the range: the caller names what is missing
             if attempt < self.options.attempts:
                 await asyncio.sleep(self.options.backoff(attempt))
+        if await self._past_end_async(filesystem, inner, start):
+            return b""  # the file ends before the range (a 416 every time): the caller names what is missing
         raise self._failed(inner, start, end, errors)
 
     @staticmethod
@@ -210,13 +211,13 @@ class RangeFetcher:
                 raise
             except Exception as error:
                 errors.append(error)
-                try:
-                    if int(filesystem.size(inner)) <= start:
-                        return b""
-                except Exception:
-                    pass
             if attempt < self.options.attempts:
                 time.sleep(self.options.backoff(attempt))
+        try:
+            if int(filesystem.size(inner)) <= start:
+                return b""
+        except Exception:
+            pass
         raise self._failed(inner, start, end, errors)
 
     def _failed(self, inner: str, start: int, end: int, errors: list[BaseException]) -> RangeReadError:

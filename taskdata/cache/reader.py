@@ -79,6 +79,10 @@ class CacheReader:
     def task(self) -> str:
         return self.manifest.task
 
+    @property
+    def verify_crc(self) -> bool:
+        return self._verify_crc
+
     def record_counts(self, split: str) -> tuple[int, ...]:
         return self.manifest.split(split).record_counts
 
@@ -291,7 +295,7 @@ class CacheReader:
 class PendingSpans:
     """The reads ``CacheReader.start_spans`` started; ``result`` waits for them and checks every record."""
 
-    def __init__(self, count: int, parts: list[tuple[np.ndarray | None, _PendingShard]]):
+    def __init__(self, count: int, parts: Sequence[tuple[np.ndarray | None, _PendingShard]]):
         self._count = count
         self._parts = parts
         # The bytes being read (the records' frames): what the caller holds for these spans until result.
