@@ -8,8 +8,8 @@ import uuid
 
 import fsspec
 import numpy as np
-from fsspec.implementations.memory import MemoryFileSystem
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 from taskdata.cache.ranges import FetchOptions, RangeFetcher, RangeReadError, coalesce
 from taskdata.cache.reader import CacheReader
