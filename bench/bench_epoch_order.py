@@ -2,10 +2,11 @@
 
 Run: PYTHONPATH=. python bench/bench_epoch_order.py [--gcs] [--write]
 
-``--gcs`` also measures both orders on the trainer client's real read path against a GCS emulator behind a
-loopback proxy that adds ``--delay-ms`` to every request (``bench/gcs_reads.py``): examples/s per host,
-and ranged GETs counted at the proxy against the reads the instructions name, in epochs 0, 1 and 100.
-The section's figures come from one run with ``--gcs``.
+``--gcs`` also measures the orders on the trainer client's real read path against the test object store
+(``bench/object_store.py``), which adds ``--delay-ms`` to every request (``bench/gcs_reads.py``):
+examples/s and client CPU per example per host beside the local-disk path's, ranged GETs per step
+counted at the store, and their cost per epoch, in epochs 0, 1 and 100. The section's figures come from
+one run with ``--gcs``.
 
 One task of 262,144 records in 64 cache shards of 4,096, a global batch of 2,048 over 8 hosts (256
 examples per host and step). The records come from 64 source files of 4,096 examples, 4 consecutive
@@ -269,14 +270,14 @@ def plot(distances: dict[str, np.ndarray]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write", action="store_true", help="write the figures into BENCHMARKS.md")
-    parser.add_argument("--gcs", action="store_true", help="also read both orders from a GCS emulator with latency")
+    parser.add_argument("--gcs", action="store_true", help="also read the orders from the test object store")
     parser.add_argument("--delay-ms", type=float, nargs="+", default=[0.0, 20.0],
-                        help="latencies the proxy adds to every request (one table row set each)")
+                        help="latencies the store adds to every request (one table row set each)")
     parser.add_argument("--gcs-hosts", type=int, default=4)
     parser.add_argument("--gcs-host-batch", type=int, default=256)
     parser.add_argument("--gcs-block-size", type=int, default=64)
-    parser.add_argument("--gcs-warmup", type=int, default=2, help="steps read before the timed ones")
-    parser.add_argument("--gcs-steps", type=int, default=6, help="timed steps per order and epoch")
+    parser.add_argument("--gcs-warmup", type=int, default=8, help="steps read before the timed ones")
+    parser.add_argument("--gcs-steps", type=int, default=48, help="timed steps per order and epoch")
     args = parser.parse_args()
     lines, distances = measure()
     plot(distances)
@@ -284,8 +285,9 @@ def main() -> None:
     if args.gcs:
         from bench.gcs_reads import measure_gcs
 
-        lines += measure_gcs(args.delay_ms, args.gcs_hosts, args.gcs_host_batch, args.gcs_block_size,
-                             args.gcs_warmup, args.gcs_steps)
+        orders = [("feistel", FEISTEL), (f"block K={args.gcs_block_size}", EpochOrder.blocks(args.gcs_block_size))]
+        lines += measure_gcs(args.delay_ms, args.gcs_hosts, args.gcs_host_batch, orders, args.gcs_warmup,
+                             args.gcs_steps)
     for line in lines:
         print(line)
     if args.write:

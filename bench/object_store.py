@@ -18,7 +18,7 @@ Faults, for tests of the client's retries: ``--fail-every N`` answers every Nth 
 with 503, ``--stall-every N --stall-s S`` holds every Nth one S seconds longer before answering it.
 Both count the reads of object bytes in the order they arrive, so a run's faults are reproducible.
 
-``GET /_store/counts`` (never delayed, never counted) returns what has been served: requests by kind
+``GET /_store/counts`` (never delayed, never counted; ``?reset_max=1`` then starts the maxima afresh) returns what has been served: requests by kind
 (``media ranged``, ``media whole``, ``metadata``, ``list``, ``bucket``, ``refused``) and by object and
 kind (``NAME media``, ``NAME metadata``), the faults injected, the most requests in flight at once
 (``max_in_flight``; of ranged object reads alone, ``max_ranged_in_flight``), and the bytes of the object
@@ -147,11 +147,14 @@ class _Store:
         from aiohttp import web
 
         if request.path == COUNTS_PATH:
-            return web.json_response({"requests": dict(self.requests), "objects": dict(self.objects),
+            response = web.json_response({"requests": dict(self.requests), "objects": dict(self.objects),
                                       "failed": self.failed, "stalled": self.stalled,
                                       "max_in_flight": self.max_in_flight,
                                       "max_ranged_in_flight": self.max_ranged_in_flight,
                                       "media_bytes": self.media_bytes})
+            if request.query.get("reset_max"):
+                self.max_in_flight, self.max_ranged_in_flight = self.in_flight, self.ranged_in_flight
+            return response
         ranged = int(request.query.get("alt") == "media" and "Range" in request.headers)
         self.in_flight += 1
         self.ranged_in_flight += ranged
@@ -270,8 +273,8 @@ async def serve(root: str, bucket: str, port: int, delay_ms: float, fail_every: 
         await runner.cleanup()
 
 
-def read_counts(url: str) -> StoreCounts:
-    with urllib.request.urlopen(url + COUNTS_PATH, timeout=10) as response:
+def read_counts(url: str, reset_max: bool = False) -> StoreCounts:
+    with urllib.request.urlopen(url + COUNTS_PATH + ("?reset_max=1" if reset_max else ""), timeout=10) as response:
         data = json.loads(response.read())
     return StoreCounts(Counter(data["requests"]), Counter(data["objects"]), data["failed"], data["stalled"],
                        data["max_in_flight"], data["max_ranged_in_flight"], data["media_bytes"])
@@ -285,8 +288,9 @@ class RunningStore:
     bucket: str
     pid: int
 
-    def counts(self) -> StoreCounts:
-        return read_counts(self.url)
+    def counts(self, reset_max: bool = False) -> StoreCounts:
+        """What it has served so far; with ``reset_max``, its maxima in flight start afresh after this reading."""
+        return read_counts(self.url, reset_max)
 
 
 @contextlib.contextmanager
