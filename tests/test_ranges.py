@@ -23,17 +23,56 @@ def memory_file(data: bytes) -> str:
 
 
 def test_close_ranges_are_one_request_and_far_ones_are_not() -> None:
-    begins, sizes = np.array([0, 10, 30, 100, 150]), np.array([10, 10, 5, 20, 1])
+    begins = np.array([0, 10, 30, 100, 150])
+    ends = begins + np.array([10, 10, 5, 20, 1])
     # Gaps: 0 (adjacent), 10, 65, 30.
-    starts, ends, first = coalesce(begins, sizes, max_gap=0)
-    assert (starts.tolist(), ends.tolist(), first.tolist()) == ([0, 30, 100, 150], [20, 35, 120, 151], [0, 2, 3, 4])
-    starts, ends, first = coalesce(begins, sizes, max_gap=30)
-    assert (starts.tolist(), ends.tolist(), first.tolist()) == ([0, 100], [35, 151], [0, 3])
-    starts, ends, first = coalesce(begins, sizes, max_gap=1000)
-    assert (starts.tolist(), ends.tolist(), first.tolist()) == ([0], [151], [0])
+    starts, stops, group = coalesce(begins, ends, max_gap=0)
+    assert (starts.tolist(), stops.tolist(), group.tolist()) == ([0, 30, 100, 150], [20, 35, 120, 151], [0, 0, 1, 2, 3])
+    starts, stops, group = coalesce(begins, ends, max_gap=30)
+    assert (starts.tolist(), stops.tolist(), group.tolist()) == ([0, 100], [35, 151], [0, 0, 0, 1, 1])
+    assert coalesce(begins, ends, max_gap=1000)[:2] == ([0], [151])
+    # Any order, overlaps too: a range inside another joins it.
+    starts, stops, group = coalesce(np.array([100, 0, 5, 40]), np.array([120, 30, 10, 41]), max_gap=5)
+    assert (starts.tolist(), stops.tolist(), group.tolist()) == ([0, 40, 100], [30, 41, 120], [2, 0, 0, 1])
     assert [len(a) for a in coalesce(np.array([], np.int64), np.array([], np.int64), 10)] == [0, 0, 0]
-    with pytest.raises(ValueError, match="increasing order"):
-        coalesce(np.array([10, 5]), np.array([1, 1]), 0)
+
+
+def test_a_request_takes_in_the_later_ranges_that_chain_onto_it_and_later_calls_find_them() -> None:
+    data = np.random.default_rng(1).bytes(100_000)
+    path = memory_file(data)
+    fetcher = RangeFetcher(FetchOptions(max_gap=100, max_request_bytes=10_000))
+    later = (np.array([1_050, 1_200, 50_000, 9_000, 30_000]), np.array([100, 100, 10, 100, 10]))
+    # [1000, 1040) chains onto 1050 and 1200 (gaps of 10 and 50); 9000 and 50000 are too far, 30000 too.
+    first = fetcher.start(path, [1_000], [40], later)
+    assert first.result() == (data[1_000:1_040], None) and fetcher.requests == 1
+    # The later calls find their bytes: no new request.
+    assert fetcher.start(path, [1_050, 1_200], [100, 100]).result() == (data[1_050:1_150] + data[1_200:1_300], None)
+    assert fetcher.requests == 1
+    assert fetcher.start(path, [9_000], [100]).result() == (data[9_000:9_100], None) and fetcher.requests == 2
+    # Extension stops at max_request_bytes from the request's start (the ranges asked are never cut).
+    chain = (np.arange(20_000, 40_000, 150), np.full(134, 100))
+    fetcher.start(path, [19_950], [40], chain).result()
+    assert fetcher.requests == 3
+    fetcher.start(path, [29_750], [100]).result()  # the last later range within 10,000 bytes of its start
+    assert fetcher.requests == 3
+    fetcher.start(path, [35_000], [100]).result()  # beyond them: asked again
+    assert fetcher.requests == 4
+    fetcher.close()
+
+
+def test_kept_requests_stay_within_cache_bytes() -> None:
+    data = bytes(range(256)) * 100
+    path = memory_file(data)
+    fetcher = RangeFetcher(FetchOptions(max_gap=0, cache_bytes=250))
+    for begin in (0, 1_000, 2_000):  # 100 bytes each: the third drops the first
+        assert fetcher.start(path, [begin], [100]).result() == (data[begin : begin + 100], None)
+    assert fetcher.requests == 3
+    fetcher.start(path, [2_010], [10]).result()
+    fetcher.start(path, [1_010], [10]).result()
+    assert fetcher.requests == 3
+    fetcher.start(path, [10], [10]).result()
+    assert fetcher.requests == 4
+    fetcher.close()
 
 
 @pytest.mark.parametrize("max_gap", [0, 7, 1 << 20])
@@ -92,9 +131,23 @@ def test_a_failed_request_is_retried_and_its_bytes_land_where_they_were_asked(fl
     buffer, _ = fetcher.start("flakymemory:///flaky/f.bin", [0, 50, 120], [10, 10, 10]).result()
     assert buffer == data[0:10] + data[50:60] + data[120:130]
     assert len(flaky.calls) == 3 + 3  # three failures, each retried, then the three requests
+    fetcher.close()
     flaky.failures = 4
+    fresh = RangeFetcher(FetchOptions(attempts=4, first_backoff=0.001))
     with pytest.raises(RangeReadError, match=r"bytes 0\.\.9 of /flaky/f.bin failed 4 times \(last: ConnectionResetError"):
-        fetcher.start("flakymemory:///flaky/f.bin", [0], [10]).result()
+        fresh.start("flakymemory:///flaky/f.bin", [0], [10]).result()
+    fresh.close()
+
+
+def test_a_request_that_failed_is_asked_again_by_the_next_call(flaky) -> None:
+    data = bytes(range(100))
+    fsspec.filesystem("memory").pipe_file("/flaky/g.bin", data)
+    flaky.failures = 1
+    fetcher = RangeFetcher(FetchOptions(attempts=1))
+    with pytest.raises(RangeReadError):
+        fetcher.start("flakymemory:///flaky/g.bin", [0], [10]).result()
+    assert fetcher.start("flakymemory:///flaky/g.bin", [0], [10]).result() == (data[:10], None)
+    assert fetcher.requests == 2
     fetcher.close()
 
 

@@ -5,11 +5,14 @@ Two daemon threads keep the train step fed: a fetcher asks the assignment source
 interleave, padding) and queues up to ``prefetch`` of them. ``next()`` only takes a ready batch, so
 the train step waits only when reading is slower than training; ``waited_seconds`` measures that.
 
-The reader keeps the reads of up to ``lookahead`` steps in flight (``BatchReader.start``) while it
+The reader keeps the reads of up to ``read_ahead`` steps in flight (``BatchReader.start``) while it
 finishes the oldest, in step order, as long as the bytes they read stay within ``read_ahead_bytes``
 (the oldest step is always read, however large). From an object store that is what hides its latency:
 a step's ranged reads, and the next steps', are requests in flight together (at most
-``FetchOptions.max_in_flight``), not one round trip after another. From local disk it changes nothing
+``FetchOptions.max_in_flight``), not one round trip after another. The instructions of the steps after
+those (up to ``lookahead`` steps ahead) are announced to the reader, so that a request for one step also
+reads what later steps need next to it in the same shard (``RangeFetcher``): a block whose records the
+plan's epoch order spreads over many steps is read once. From local disk none of this changes anything
 (local shards are read when their step is finished).
 
 With ``workers=N`` the reader hands the steps, in order, to N worker processes
@@ -119,9 +122,10 @@ class DataIterator:
       lengths: padded length of every feature to deliver, e.g. ``{"inputs": 512, "targets": 114}``.
       start: step 0 of a new run (an int), or the ``DataState`` of a checkpoint to resume from.
       host_slice: the slice of every global batch this host reads (default: process index of count).
-      lookahead: steps of instructions fetched per request, and steps whose reads may be in flight at once.
+      lookahead: steps of instructions fetched per request, and known ahead of the train step.
       prefetch: batches read ahead of the train step.
-      read_ahead_bytes: the most bytes that the reads of steps started and not finished may hold (one
+      read_ahead: steps whose reads may be in flight at once.
+      read_ahead_bytes: the most bytes that the records of steps started and not finished may hold (one
         step is always read, whatever its size).
       fetch: how remote shards are read: ``FetchOptions(max_in_flight, max_gap, timeout, attempts)``.
       workers: processes that read batches (0: the reading thread of this process reads them). Over a
@@ -150,18 +154,20 @@ class DataIterator:
         verify_crc: bool = True,
         workers: int = 0,
         copy_batches: bool = True,
+        read_ahead: int = 8,
         read_ahead_bytes: int = 64 << 20,
         fetch: FetchOptions | None = None,
     ):
-        for value, what in ((lookahead, "lookahead"), (prefetch, "prefetch"), (read_ahead_bytes, "read_ahead_bytes")):
+        self._source = source
+        info = source.run_info()
+        for value, what in ((lookahead, "lookahead"), (prefetch, "prefetch"), (read_ahead, "read_ahead"),
+                            (read_ahead_bytes, "read_ahead_bytes")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{what} must be a positive integer but got {value!r}.")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ValueError(f"workers must be an integer >= 0 (0: read in this process) but got {workers!r}.")
         if not isinstance(copy_batches, bool):
             raise ValueError(f"copy_batches must be True or False but got {copy_batches!r}.")
-        self._source = source
-        info = source.run_info()
         if isinstance(start, DataState):
             try:
                 self._check_run(start)
@@ -184,6 +190,7 @@ class DataIterator:
         # Over a local source the reader shares its cache readers: each sidecar is read once per process.
         readers = source.readers if isinstance(source, LocalAssignments) else None
         self._reader = BatchReader(info, lengths, verify_crc=verify_crc, readers=readers, fetch=fetch)
+        self._read_ahead = read_ahead
         self._read_ahead_bytes = read_ahead_bytes
         self._fetch_options = fetch
         self._workers = workers
@@ -429,14 +436,17 @@ class DataIterator:
         if self._workers:
             self._read_pooled()
             return
+        self._reader.forget_announced()
+        known: collections.deque[StepReads | BaseException] = collections.deque()  # announced, not started
         started: collections.deque[PendingBatch | BaseException] = collections.deque()  # in step order
-        finished = False
+        received_all = False
         try:
-            while not finished or started:
+            while not received_all or known or started:
                 if self._stopping.is_set():
                     return
-                if not finished:
-                    finished = self._start_more(started)
+                if not received_all:
+                    received_all = self._receive(known, started)
+                self._start_known(known, started)
                 if not started:
                     continue
                 head = started.popleft()
@@ -449,43 +459,52 @@ class DataIterator:
                 if isinstance(pending, PendingBatch):
                     pending.cancel()
 
-    def _start_more(self, started: collections.deque[PendingBatch | BaseException]) -> bool:
-        """Starts the reads of the next steps whose instructions are here, within the read-ahead (waiting
-        for one only when none is started); True once the last step, or an error, is in ``started``."""
-        new: list[StepReads] = []
-        held = sum(_step_bytes(p.step_reads) for p in started if isinstance(p, PendingBatch))
-        while len(started) + len(new) < self._lookahead and (not (started or new) or held < self._read_ahead_bytes):
+    def _receive(self, known: collections.deque[StepReads | BaseException],
+                 started: collections.deque[PendingBatch | BaseException]) -> bool:
+        """Takes the instructions that have come, up to ``lookahead`` steps ahead, announcing each to the
+        reader (waiting for one only when there is nothing else to do); True after the last one (or an error)."""
+        while len(known) + len(started) < self._lookahead:
             item: StepReads | PlannedStep | BaseException | _Done
-            if started or new:
+            if known or started:
                 try:
                     item = self._instructions.get_nowait()
                 except queue.Empty:
-                    break
+                    return False
             else:
                 item = self._get(self._instructions)
-            if item is _DONE or isinstance(item, BaseException):
-                self._start_all(new, started)
-                if isinstance(item, BaseException):
-                    started.append(item)
+            if item is _DONE:
+                return True
+            if isinstance(item, BaseException):
+                known.append(item)
                 return True
             assert isinstance(item, StepReads)  # without workers the fetch thread sends instructions only
-            new.append(item)
-            held += _step_bytes(item)
-        return self._start_all(new, started)
-
-    def _start_all(self, new: list[StepReads], started: collections.deque[PendingBatch | BaseException]) -> bool:
-        """Starts ``new`` in order; True if one failed (its error then ends ``started``)."""
-        if new:
-            with contextlib.suppress(Exception):  # only a prefetch: what fails here fails again, in order, below
-                self._reader.open(new)
-        for step_reads in new:
-            try:
-                self._check_slice(step_reads)
-                started.append(self._reader.start(step_reads))
-            except Exception as error:
-                started.append(error)
-                return True
+            known.append(item)
+            self._reader.announce(item)
         return False
+
+    def _start_known(self, known: collections.deque[StepReads | BaseException],
+                     started: collections.deque[PendingBatch | BaseException]) -> None:
+        """Starts the reads of the next steps, within ``read_ahead`` steps and ``read_ahead_bytes``."""
+        held = sum(_step_bytes(p.step_reads) for p in started if isinstance(p, PendingBatch))
+        opened = False
+        while known and len(started) < self._read_ahead and (not started or held < self._read_ahead_bytes):
+            if not opened:  # only a prefetch of sidecars: what fails here fails again, in order, below
+                with contextlib.suppress(Exception):
+                    self._reader.open([s for s in known if isinstance(s, StepReads)][: self._read_ahead])
+                opened = True
+            item = known.popleft()
+            if isinstance(item, BaseException):
+                known.clear()
+                started.append(item)
+                return
+            try:
+                self._check_slice(item)
+                started.append(self._reader.start(item))
+            except Exception as error:
+                known.clear()
+                started.append(error)
+                return
+            held += _step_bytes(item)
 
     def _start_pool(self) -> ReadWorkers | None:
         """The read workers, started now (None if the iterator is stopping)."""

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from taskdata import fs
 from taskdata.cache.ranges import FetchOptions, RangeFetcher
 from taskdata.cache.reader import CacheReader, PendingSpans
 from taskdata.example import decode_batch, decode_padded, pad_features
@@ -64,11 +65,6 @@ class PendingBatch:
     step_reads: StepReads
     spans: tuple[PendingSpans | None, ...]  # per task of the plan; None for a task the step does not read
 
-    @property
-    def nbytes(self) -> int:
-        """The bytes being read for this step (with the gaps of coalesced requests): held until ``finish``."""
-        return sum(spans.nbytes for spans in self.spans if spans is not None)
-
     def cancel(self) -> None:
         for spans in self.spans:
             if spans is not None:
@@ -100,6 +96,8 @@ class BatchReader:
         self._readers: dict[str, tuple[CacheReader, CacheReaderTable]] = {}
         self._given = dict(readers or {})
         self._fetcher = RangeFetcher(fetch)
+        # Reads of remote shards by steps announced and not started: uri -> step -> (byte offsets, lengths).
+        self._announced: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
         self._packed: tuple[str, ...] | None = None  # the packed features of the run's caches, once one is open
 
     def read(self, step_reads: StepReads, into: Allocate | None = None) -> ClientBatch:
@@ -119,10 +117,32 @@ class BatchReader:
             reader, _ = self._reader_for(t, version_dir, None)
             reader.load_offsets(self.info.split, shards)
 
+    def announce(self, step_reads: StepReads) -> None:
+        """Says that ``step_reads`` will be started later: the requests of the steps started before it may take
+        in its reads of remote shards (``RangeFetcher.start``'s ``later``), so that it finds them read."""
+        for uri, ranges in _byte_ranges_by_file(step_reads).items():
+            self._announced.setdefault(uri, {})[step_reads.step] = ranges
+
+    def forget_announced(self) -> None:
+        """Forgets every step announced and not started (a reader that moves to another step)."""
+        self._announced.clear()
+
     def start(self, step_reads: StepReads) -> PendingBatch:
-        """Checks the step's instructions against the verified sidecars and starts its reads."""
-        spans = () if step_reads.skipped else tuple(
-            self._start_spans(step_reads.step, t, task) for t, task in enumerate(step_reads.tasks))
+        """Checks the step's instructions against the verified sidecars and starts its reads (each request of a
+        remote shard taking in the reads of the steps announced for later that chain onto it)."""
+        if step_reads.skipped:
+            return PendingBatch(step_reads, ())
+        hints = {}
+        for uri in {uri for task in step_reads.tasks for uri in task.file_uris}:
+            steps = self._announced.get(uri)
+            if steps is None:
+                continue
+            steps.pop(step_reads.step, None)
+            if not steps:
+                del self._announced[uri]
+                continue
+            hints[uri] = (np.concatenate([b for b, _ in steps.values()]), np.concatenate([n for _, n in steps.values()]))
+        spans = tuple(self._start_spans(step_reads.step, t, task, hints) for t, task in enumerate(step_reads.tasks))
         return PendingBatch(step_reads, spans)
 
     def finish(self, pending: PendingBatch, into: Allocate | None = None) -> ClientBatch:
@@ -165,7 +185,8 @@ class BatchReader:
                 lengths[segment_ids_name(name)] = lengths[positions_name(name)] = length
         return lengths
 
-    def _start_spans(self, step: int, task_index: int, task: TaskReads) -> PendingSpans | None:
+    def _start_spans(self, step: int, task_index: int, task: TaskReads,
+                     hints: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> PendingSpans | None:
         """Starts reading the records of ``task``'s reads, in order, after checking every file and byte
         range (None when there are none)."""
         if not len(task):
@@ -192,7 +213,7 @@ class BatchReader:
                 "were made for other bytes; do not train on them."
             )
         shards, records = task.records()
-        return reader.start_spans(self.info.split, shards, records, self._fetcher)
+        return reader.start_spans(self.info.split, shards, records, self._fetcher, hints)
 
     def _reader_for(
         self, task_index: int, version_dir: str, file: tuple[int, str] | None
@@ -232,6 +253,21 @@ class BatchReader:
                 reader.close()
         self._readers.clear()
         self._fetcher.close()
+
+
+def _byte_ranges_by_file(step_reads: StepReads) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The (byte offsets, byte lengths) a step reads, per remote shard file (local ones need no hints)."""
+    out = {}
+    for task in step_reads.tasks:
+        if not len(task) or not fs.is_remote(task.file_uris[0]):
+            continue
+        uris = dict(zip(task.files.tolist(), task.file_uris, strict=True))
+        order = np.argsort(task.shard, kind="stable")
+        shards = task.shard[order]
+        cuts = np.flatnonzero(np.diff(shards)) + 1
+        for mine in np.split(order, cuts):
+            out[uris[int(task.shard[mine[0]])]] = (task.byte_offset[mine], task.byte_length[mine])
+    return out
 
 
 _EMPTY: tuple[bytes, np.ndarray, np.ndarray] = (b"", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))

@@ -10,6 +10,13 @@ they were started.
 - Ranges of one file closer than ``max_gap`` bytes are read by one request (coalesced); the bytes
   between them are read and dropped, so a request reads at most ``max_gap`` bytes per range beyond
   what was asked.
+- ``start`` may be told the ranges of the same file that later calls will ask for (``later``: the
+  trainer client passes those of the steps it knows the instructions of). A request is then extended
+  over the later ranges that chain onto the ranges asked now (each within ``max_gap`` of the next, up
+  to ``max_request_bytes`` from its start), and the later calls find their bytes in it instead of
+  asking again: records read in one step and the next ones are one request. What was fetched stays
+  findable while the fetched bytes kept for later calls are at most ``cache_bytes`` (least recently
+  used dropped first; a call whose bytes were dropped asks for them again).
 - Filesystems with fsspec's async API (gcsfs for ``gs://``, s3fs for ``s3://``, HTTP) are read on
   fsspec's event loop with ``_cat_file``, the coroutine behind ``cat_file``, which fetches exactly the
   range asked (no metadata request first); other fsspec filesystems with ``cat_file`` in a pool of
@@ -30,8 +37,10 @@ hand-over would cost more than it hides).
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +67,9 @@ class FetchOptions:
     Args:
       max_in_flight: requests in flight at most, over every file and caller of one fetcher.
       max_gap: ranges of one file at most this many bytes apart are read by one request.
+      max_request_bytes: a request is extended over later calls' ranges up to this many bytes (ranges
+        asked now are never cut: a request holds at least them).
+      cache_bytes: the most bytes of finished or running requests kept for later calls to find.
       timeout: seconds after which a request is cancelled and tried again (async filesystems).
       attempts: tries of a request before its error is raised.
       first_backoff: seconds of pause before the second try; each later pause doubles, up to 5 s.
@@ -65,12 +77,15 @@ class FetchOptions:
 
     max_in_flight: int = 64
     max_gap: int = 64 << 10
+    max_request_bytes: int = 4 << 20
+    cache_bytes: int = 64 << 20
     timeout: float = 30.0
     attempts: int = 5
     first_backoff: float = 0.05
 
     def __post_init__(self) -> None:
-        for name, least in (("max_in_flight", 1), ("max_gap", 0), ("attempts", 1)):
+        for name, least in (("max_in_flight", 1), ("max_gap", 0), ("max_request_bytes", 1), ("cache_bytes", 0),
+                            ("attempts", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"FetchOptions.{name} must be an integer >= {least} but got {value!r}.")
@@ -84,58 +99,64 @@ class FetchOptions:
         return float(min(5.0, self.first_backoff * 2 ** (attempt - 1)))
 
 
-def coalesce(begins: np.ndarray, sizes: np.ndarray, max_gap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The requests that read the ranges ``[begins[i], begins[i] + sizes[i])`` (in increasing order, not
-    overlapping): ``(starts, ends, first)``, where request ``r`` reads ``[starts[r], ends[r])`` and holds
-    ranges ``first[r]`` up to ``first[r + 1]`` (the last up to the end)."""
+def coalesce(begins: np.ndarray, ends: np.ndarray, max_gap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The requests that read the ranges ``[begins[i], ends[i])`` (any order, overlaps allowed): ``(starts,
+    stops, group)``, where request ``r`` reads ``[starts[r], stops[r])`` and range ``i`` lies in request
+    ``group[i]``. Ranges at most ``max_gap`` bytes apart share a request."""
     begins = np.asarray(begins, np.int64)
-    ends = begins + np.asarray(sizes, np.int64)
+    ends = np.asarray(ends, np.int64)
     if not len(begins):
         return begins, ends, np.zeros(0, np.int64)
-    if np.any(begins[1:] < ends[:-1]):
-        raise ValueError("coalesce takes ranges in increasing order that do not overlap.")
-    first = np.flatnonzero(np.concatenate(([True], begins[1:] - ends[:-1] > max_gap)))
-    last = np.append(first[1:], len(begins)) - 1
-    return begins[first], ends[last], first
+    order = np.argsort(begins, kind="stable")
+    b, e = begins[order], ends[order]
+    reach = np.maximum.accumulate(e)  # the furthest byte any range so far reaches
+    new = np.concatenate(([True], b[1:] - reach[:-1] > max_gap))
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(b)) - 1
+    group = np.empty(len(b), np.int64)
+    group[order] = np.cumsum(new) - 1
+    return b[first], reach[last], group
+
+
+@dataclasses.dataclass(eq=False)
+class _Segment:
+    """One request's bytes ``[start, end)`` of a file, on their way (``future``)."""
+
+    path: str
+    start: int
+    end: int
+    future: concurrent.futures.Future[bytes]
 
 
 class PendingRanges:
     """The reads of one file's ranges, started; ``result`` waits for them."""
 
-    def __init__(self, path: str, begins: np.ndarray, sizes: np.ndarray, starts: np.ndarray, first: np.ndarray,
-                 futures: Sequence[concurrent.futures.Future[bytes]]):
+    def __init__(self, path: str, sizes: np.ndarray, pieces: Sequence[tuple[_Segment, int]]):
         self.path = path
-        self._begins = begins
         self._sizes = sizes
-        self._starts = starts
-        self._first = first
-        self._futures = futures
-        self.nbytes = int(sizes.sum())
+        self._pieces = pieces  # per range: the request holding it, and where in that request it starts
 
     def result(self) -> tuple[bytes, int | None]:
         """The ranges one after another in one buffer, and None; or, where the file ends early, the whole
         ranges before its end (and what the file holds of the first one it cuts), and the file's size."""
-        if len(self._begins) == 1:  # one range, one request: its bytes as they came
-            data = self._futures[0].result()
-            if len(data) >= self.nbytes:
-                return data[: self.nbytes] if len(data) > self.nbytes else data, None
-            return data, fs.size(self.path)
+        if len(self._pieces) == 1:
+            segment, offset = self._pieces[0]
+            data, size = segment.future.result(), int(self._sizes[0])
+            if offset == 0 and len(data) == size:  # one request of exactly this range: its bytes as they came
+                return data, None
+            part = data[offset : offset + size]
+            return part, (None if len(part) == size else fs.size(self.path))
         parts: list[memoryview] = []
-        bounds = np.append(self._first, len(self._begins)).tolist()
-        for r, future in enumerate(self._futures):
-            view = memoryview(future.result())
-            start = int(self._starts[r])
-            for i in range(bounds[r], bounds[r + 1]):
-                offset, size = int(self._begins[i]) - start, int(self._sizes[i])
-                parts.append(view[offset : offset + size])
-                if len(parts[-1]) < size:
-                    return b"".join(parts), fs.size(self.path)
+        for (segment, offset), size in zip(self._pieces, self._sizes.tolist(), strict=True):
+            parts.append(memoryview(segment.future.result())[offset : offset + size])
+            if len(parts[-1]) < size:
+                return b"".join(parts), fs.size(self.path)
         return b"".join(parts), None
 
     def cancel(self) -> None:
         """Drops the reads that have not started (a reader that stops early)."""
-        for future in self._futures:
-            future.cancel()
+        for segment, _ in self._pieces:
+            segment.future.cancel()
 
 
 class RangeFetcher:
@@ -148,19 +169,96 @@ class RangeFetcher:
         self.options = options or FetchOptions()
         self._semaphores: dict[int, asyncio.Semaphore] = {}  # per event loop, used only on that loop
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # RLock: a request that fails at once drops itself under it
+        # Requests later calls may find their bytes in: per file, by start; all of them, least recently used first.
+        self._by_file: dict[str, dict[int, _Segment]] = {}
+        self._recent: collections.OrderedDict[tuple[str, int], _Segment] = collections.OrderedDict()
+        self._kept_bytes = 0
+        self.requests = 0  # requests made so far (each retry of one counts once)
 
-    def start(self, path: str, begins: Sequence[int] | np.ndarray, sizes: Sequence[int] | np.ndarray) -> PendingRanges:
-        """Starts reading ``[begins[i], begins[i] + sizes[i])`` of the remote file ``path`` (ranges in
-        increasing order, not overlapping)."""
+    def start(self, path: str, begins: Sequence[int] | np.ndarray, sizes: Sequence[int] | np.ndarray,
+              later: tuple[np.ndarray, np.ndarray] | None = None) -> PendingRanges:
+        """Starts reading ``[begins[i], begins[i] + sizes[i])`` of the remote file ``path``; ``later`` holds
+        (begins, sizes) of ranges of the same file that later calls will ask for."""
         if not fs.is_remote(path):
             raise ValueError(f"RangeFetcher reads remote files; {path!r} is local (read it with pread).")
         begin_array, size_array = np.asarray(begins, np.int64), np.asarray(sizes, np.int64)
-        starts, ends, first = coalesce(begin_array, size_array, self.options.max_gap)
+        end_array = begin_array + size_array
+        with self._lock:
+            pieces: list[tuple[_Segment, int] | None] = [self._find(path, b, e) for b, e in
+                                                         zip(begin_array.tolist(), end_array.tolist(), strict=True)]
+            missing = [i for i, piece in enumerate(pieces) if piece is None]
+            if missing:
+                for segment, held in self._request(path, begin_array[missing], end_array[missing], later):
+                    for i in held:
+                        pieces[missing[i]] = (segment, int(begin_array[missing[i]]) - segment.start)
+        assert all(piece is not None for piece in pieces)
+        return PendingRanges(path, size_array, pieces)  # type: ignore[arg-type]
+
+    def _find(self, path: str, begin: int, end: int) -> tuple[_Segment, int] | None:
+        """A request of ``path`` that holds ``[begin, end)`` (marked as used now), and where in it it starts."""
+        for segment in self._by_file.get(path, {}).values():
+            if segment.start <= begin and end <= segment.end:
+                self._recent.move_to_end((path, segment.start))
+                return segment, begin - segment.start
+        return None
+
+    def _request(self, path: str, begins: np.ndarray, ends: np.ndarray,
+                 later: tuple[np.ndarray, np.ndarray] | None) -> list[tuple[_Segment, list[int]]]:
+        """Starts the requests that read ``[begins[i], ends[i])``, extended over the ``later`` ranges that chain
+        onto them; each request with the indices of the ranges it holds."""
+        options = self.options
+        asked = len(begins)
+        if later is not None and len(later[0]):
+            begins = np.concatenate((begins, later[0]))
+            ends = np.concatenate((ends, later[0] + later[1]))
+        starts, stops, group = coalesce(begins, ends, options.max_gap)
         filesystem, inner = fs.filesystem(path)
         get = self._starter(filesystem, inner)
-        futures = [get(int(a), int(b)) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
-        return PendingRanges(path, begin_array, size_array, starts, first, futures)
+        made = []
+        for g in np.unique(group[:asked]).tolist():
+            held = np.flatnonzero(group[:asked] == g)
+            start = int(starts[g])
+            # Extended over later ranges up to max_request_bytes, never short of the ranges asked now.
+            need = int(ends[held].max())
+            members = np.flatnonzero(group == g)
+            fits = ends[members][ends[members] <= max(need, start + options.max_request_bytes)]
+            stop = max(need, int(fits.max()) if len(fits) else need)
+            stop = min(stop, int(stops[g]))
+            segment = _Segment(path, start, stop, get(start, stop))
+            self.requests += 1
+            self._keep(segment)
+            made.append((segment, held.tolist()))
+        return made
+
+    def _keep(self, segment: _Segment) -> None:
+        key = (segment.path, segment.start)
+        old = self._recent.pop(key, None)
+        if old is not None:
+            self._kept_bytes -= old.end - old.start
+        self._by_file.setdefault(segment.path, {})[segment.start] = segment
+        self._recent[key] = segment
+        self._kept_bytes += segment.end - segment.start
+        segment.future.add_done_callback(functools.partial(self._drop_failed, segment))
+        while self._kept_bytes > self.options.cache_bytes and self._recent:
+            self._forget(*self._recent.popitem(last=False))
+
+    def _forget(self, key: tuple[str, int], segment: _Segment) -> None:
+        self._kept_bytes -= segment.end - segment.start
+        kept = self._by_file.get(key[0], {})
+        if kept.get(key[1]) is segment:
+            del kept[key[1]]
+            if not kept:
+                del self._by_file[key[0]]
+
+    def _drop_failed(self, segment: _Segment, future: concurrent.futures.Future[bytes]) -> None:
+        """A request that failed (or was cancelled) is not found again: a later call asks anew."""
+        if future.cancelled() or future.exception() is not None:
+            with self._lock:
+                key = (segment.path, segment.start)
+                if self._recent.get(key) is segment:
+                    del self._recent[key]
+                    self._forget(key, segment)
 
     def _starter(self, filesystem: Any, inner: str) -> Callable[[int, int], concurrent.futures.Future[bytes]]:
         if getattr(filesystem, "async_impl", False):
@@ -232,6 +330,9 @@ class RangeFetcher:
 
     def close(self) -> None:
         with self._lock:
+            self._by_file.clear()
+            self._recent.clear()
+            self._kept_bytes = 0
             if self._threads is not None:
                 self._threads.shutdown(wait=False, cancel_futures=True)
                 self._threads = None

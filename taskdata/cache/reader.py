@@ -152,11 +152,13 @@ class CacheReader:
 
     def start_spans(
         self, split: str, shards: Sequence[int] | np.ndarray, records: Sequence[int] | np.ndarray,
-        fetcher: RangeFetcher | None = None,
+        fetcher: RangeFetcher | None = None, later: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> PendingSpans:
         """Starts :meth:`read_spans`' reads and returns at once; its ``result()`` is what ``read_spans``
         returns. Remote shards are read by ``fetcher`` (default: this reader's own), local ones when the
-        result is asked for. Sidecars not loaded yet are loaded first (one round trip for all of them)."""
+        result is asked for. Sidecars not loaded yet are loaded first (one round trip for all of them).
+        ``later`` maps a shard's path to the (byte offsets, byte lengths) later calls will read of it: a
+        remote read may be extended over them (``RangeFetcher.start``)."""
         shard_array = np.asarray(shards, dtype=np.int64)
         record_array = np.asarray(records, dtype=np.int64)
         if shard_array.shape != record_array.shape or shard_array.ndim != 1:
@@ -165,13 +167,14 @@ class CacheReader:
         self.load_offsets(split, unique)
         if fetcher is None and fs.is_remote(self.version_dir):
             fetcher = self._own_fetcher()
+        later = later or {}
         if len(unique) == 1:
             return PendingSpans(len(shard_array), [(None, self._start_gather(split, int(unique[0]), record_array,
-                                                                               fetcher))])
+                                                                               fetcher, later))])
         parts = []
         for shard in unique:
             slots = np.flatnonzero(shard_array == shard)
-            parts.append((slots, self._start_gather(split, int(shard), record_array[slots], fetcher)))
+            parts.append((slots, self._start_gather(split, int(shard), record_array[slots], fetcher, later)))
         return PendingSpans(len(shard_array), parts)
 
     def decode_records(self, split: str, shards: Sequence[int] | np.ndarray, records: Sequence[int] | np.ndarray,
@@ -183,7 +186,8 @@ class CacheReader:
         buffer, starts, ends = self.read_spans(split, shards, records)
         return decode_buffer(buffer, starts, ends, spec or feature_spec(self.manifest))
 
-    def _start_gather(self, split: str, shard: int, records: np.ndarray, fetcher: RangeFetcher | None) -> _PendingShard:
+    def _start_gather(self, split: str, shard: int, records: np.ndarray, fetcher: RangeFetcher | None,
+                      later: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> _PendingShard:
         reader, index = self._reader(split, shard)
         offsets = index.offsets
         count = index.count
@@ -203,7 +207,7 @@ class CacheReader:
         sizes = ends[last_of_run] - begins
         if fs.is_remote(reader.path):
             assert fetcher is not None
-            reads: PendingRanges | _LocalRanges = fetcher.start(reader.path, begins, sizes)
+            reads: PendingRanges | _LocalRanges = fetcher.start(reader.path, begins, sizes, later.get(reader.path))
         else:
             reads = _LocalRanges(self._file(split, shard), reader.path, begins.tolist(), sizes.tolist())
         return _PendingShard(reads, reader.path, wanted, slot_of, starts, ends, index.crcs[wanted],
@@ -298,8 +302,6 @@ class PendingSpans:
     def __init__(self, count: int, parts: Sequence[tuple[np.ndarray | None, _PendingShard]]):
         self._count = count
         self._parts = parts
-        # The bytes being read (the records' frames): what the caller holds for these spans until result.
-        self.nbytes = sum(part.reads.nbytes for _, part in parts)
 
     def result(self) -> tuple[bytes, np.ndarray, np.ndarray]:
         """The records, verified: one buffer, and where record i of the request lies in it."""
@@ -328,7 +330,6 @@ class _LocalRanges:
 
     def __init__(self, fd: int, path: str, begins: list[int], sizes: list[int]):
         self._fd, self._path, self._begins, self._sizes = fd, path, begins, sizes
-        self.nbytes = sum(sizes)
 
     def result(self) -> tuple[bytes, int | None]:
         return _read_runs(self._fd, self._begins, self._sizes)
