@@ -209,7 +209,7 @@ class RangeFetcher:
         onto them; each request with the indices of the ranges it holds."""
         options = self.options
         asked = len(begins)
-        if later is not None and len(later[0]):
+        if later is not None and len(later[0]) and options.cache_bytes:  # kept nowhere, later bytes would be lost
             begins = np.concatenate((begins, later[0]))
             ends = np.concatenate((ends, later[0] + later[1]))
         starts, stops, group = coalesce(begins, ends, options.max_gap)
