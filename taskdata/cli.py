@@ -912,6 +912,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "module", None) and "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # --module finds the current folder's packages, as 'python -m' does
     from taskdata.beam.job import CacheJobError  # light: Beam itself is imported only when a job runs
+    from taskdata.cache.ranges import RangeReadError
     from taskdata.define.registry import UnknownNameError
     from taskdata.exits import run_command
     from taskdata.fingerprint import FingerprintError
@@ -921,7 +922,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"taskdata {args.command}",
         lambda: args.run(args),
         usage_errors=(ValueError, UnknownNameError, OSError, ImportError, FingerprintError),
-        data_errors=(CacheJobError,),
+        data_errors=(CacheJobError, RangeReadError),
         debug=debug,
     )
 

@@ -56,8 +56,9 @@ __all__ = ["FetchOptions", "PendingRanges", "RangeFetcher", "RangeReadError", "c
 _FINAL = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
-class RangeReadError(OSError):
-    """A ranged read that failed every time it was tried."""
+class RangeReadError(RuntimeError):
+    """A ranged read that failed every time it was tried: the store, not the file, failed (not an OSError,
+    which commands report as a wrong file)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -337,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Trains; the exit codes are ``taskdata.exits``' (2 a user error, 3 the server or data failed, 130 Ctrl-C)."""
     from taskdata.define.registry import UnknownNameError
     from taskdata.exits import run_command
+    from taskdata.cache.ranges import RangeReadError
     from trainer_client.assignments import AssignmentError
     from trainer_client.example.checkpoint import CheckpointError
     from trainer_client.iterator import ResumeError
@@ -346,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         PROG,
         lambda: _main(args),
         usage_errors=(ValueError, OSError, ImportError, UnknownNameError, ResumeError, CheckpointError),
-        data_errors=(AssignmentError,),
+        data_errors=(AssignmentError, RangeReadError),
         debug=args.debug,
     )
 
