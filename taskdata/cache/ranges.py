@@ -39,11 +39,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -160,6 +161,17 @@ class PendingRanges:
             segment.future.cancel()
 
 
+def _settle(future: concurrent.futures.Future[bytes], task: asyncio.Task[bytes]) -> None:
+    """Passes a request's outcome from its task on the event loop to the future the caller waits on."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):  # the caller cancelled it meanwhile
+        if task.cancelled():
+            future.cancel()
+        elif task.exception() is not None:
+            future.set_exception(task.exception())
+        else:
+            future.set_result(task.result())
+
+
 class RangeFetcher:
     """Starts ranged reads of remote files, at most ``options.max_in_flight`` requests at once.
 
@@ -215,8 +227,8 @@ class RangeFetcher:
             ends = np.concatenate((ends, later[0] + later[1]))
         starts, stops, group = coalesce(begins, ends, options.max_gap)
         filesystem, inner = fs.filesystem(path)
-        get = self._starter(filesystem, inner)
-        made = []
+        spans: list[tuple[int, int]] = []
+        holds: list[list[int]] = []
         for g in np.unique(group[:asked]).tolist():
             held = np.flatnonzero(group[:asked] == g)
             start = int(starts[g])
@@ -224,12 +236,15 @@ class RangeFetcher:
             need = int(ends[held].max())
             members = np.flatnonzero(group == g)
             fits = ends[members][ends[members] <= max(need, start + options.max_request_bytes)]
-            stop = max(need, int(fits.max()) if len(fits) else need)
-            stop = min(stop, int(stops[g]))
-            segment = _Segment(path, start, stop, get(start, stop))
+            stop = min(max(need, int(fits.max()) if len(fits) else need), int(stops[g]))
+            spans.append((start, stop))
+            holds.append(held.tolist())
+        made = []
+        for (start, stop), future, indices in zip(spans, self._launch(filesystem, inner, spans), holds, strict=True):
+            segment = _Segment(path, start, stop, future)
             self.requests += 1
             self._keep(segment)
-            made.append((segment, held.tolist()))
+            made.append((segment, indices))
         return made
 
     def _keep(self, segment: _Segment) -> None:
@@ -261,16 +276,26 @@ class RangeFetcher:
                     del self._recent[key]
                     self._forget(key, segment)
 
-    def _starter(self, filesystem: Any, inner: str) -> Callable[[int, int], concurrent.futures.Future[bytes]]:
+    def _launch(self, filesystem: Any, inner: str, spans: list[tuple[int, int]]) -> list[concurrent.futures.Future[bytes]]:
+        """Starts a request per ``(start, stop)`` of ``spans``: on fsspec's event loop for an async filesystem
+        (handed over once for all of them), in the thread pool otherwise."""
         if getattr(filesystem, "async_impl", False):
+            futures: list[concurrent.futures.Future[bytes]] = [concurrent.futures.Future() for _ in spans]
+
+            def launch() -> None:
+                for (start, stop), future in zip(spans, futures, strict=True):
+                    task = loop.create_task(self._get_async(filesystem, inner, start, stop))
+                    task.add_done_callback(functools.partial(_settle, future))
+
             loop = filesystem.loop
-            return lambda a, b: asyncio.run_coroutine_threadsafe(self._get_async(filesystem, inner, a, b), loop)
+            loop.call_soon_threadsafe(launch)
+            return futures
         with self._lock:
             if self._threads is None:
                 self._threads = concurrent.futures.ThreadPoolExecutor(
                     self.options.max_in_flight, thread_name_prefix="taskdata-ranges")
             threads = self._threads
-        return lambda a, b: threads.submit(self._get_sync, filesystem, inner, a, b)
+        return [threads.submit(self._get_sync, filesystem, inner, start, stop) for start, stop in spans]
 
     async def _get_async(self, filesystem: Any, inner: str, start: int, end: int) -> bytes:
         loop_id = id(asyncio.get_running_loop())
@@ -281,8 +306,8 @@ class RangeFetcher:
         for attempt in range(1, self.options.attempts + 1):
             async with semaphore:
                 try:
-                    return bytes(await asyncio.wait_for(
-                        filesystem._cat_file(inner, start=start, end=end), self.options.timeout))
+                    async with asyncio.timeout(self.options.timeout):
+                        return bytes(await filesystem._cat_file(inner, start=start, end=end))
                 except _FINAL:
                     raise
                 except Exception as error:

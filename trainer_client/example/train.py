@@ -335,9 +335,9 @@ PROG = "python -m trainer_client.example.train"
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Trains; the exit codes are ``taskdata.exits``' (2 a user error, 3 the server or data failed, 130 Ctrl-C)."""
+    from taskdata.cache.ranges import RangeReadError
     from taskdata.define.registry import UnknownNameError
     from taskdata.exits import run_command
-    from taskdata.cache.ranges import RangeReadError
     from trainer_client.assignments import AssignmentError
     from trainer_client.example.checkpoint import CheckpointError
     from trainer_client.iterator import ResumeError
