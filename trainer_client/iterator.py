@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from taskdata.cache.ranges import FetchOptions
-from taskdata.index import slice_positions
+from taskdata.index import MAX_LOOKAHEAD, slice_positions
 from trainer_client.assignments import AssignmentError, AssignmentSource, HostSlice, RunInfo, StepReads
 from trainer_client.local_source import LocalAssignments
 from trainer_client.read_workers import SLOTS_PER_WORKER, LocalSteps, PlannedStep, ReadWorkers
@@ -122,7 +122,8 @@ class DataIterator:
       lengths: padded length of every feature to deliver, e.g. ``{"inputs": 512, "targets": 114}``.
       start: step 0 of a new run (an int), or the ``DataState`` of a checkpoint to resume from.
       host_slice: the slice of every global batch this host reads (default: process index of count).
-      lookahead: steps of instructions fetched per request, and known ahead of the train step.
+      lookahead: steps of instructions known ahead of the train step, fetched in requests of this many
+        steps (at most ``MAX_LOOKAHEAD``, 64, what the server answers at once).
       prefetch: batches read ahead of the train step.
       read_ahead: steps whose reads may be in flight at once.
       read_ahead_bytes: the most bytes that the records of steps started and not finished may hold (one
@@ -386,9 +387,10 @@ class DataIterator:
 
     def _fetch(self, step: int) -> None:
         while self._stop_step is None or step < self._stop_step:
-            count = (
-                self._lookahead if self._stop_step is None else min(self._lookahead, self._stop_step - step)
-            )
+            # A window is one request: at most what the server answers at once.
+            count = min(self._lookahead, MAX_LOOKAHEAD)
+            if self._stop_step is not None:
+                count = min(count, self._stop_step - step)
             window = self._planned(step, count) if self._local else self._fetch_reads(step, count)
             for item in window:
                 if not self._put(self._instructions, item):
