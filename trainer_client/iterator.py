@@ -159,8 +159,6 @@ class DataIterator:
         read_ahead_bytes: int = 64 << 20,
         fetch: FetchOptions | None = None,
     ):
-        self._source = source
-        info = source.run_info()
         for value, what in ((lookahead, "lookahead"), (prefetch, "prefetch"), (read_ahead, "read_ahead"),
                             (read_ahead_bytes, "read_ahead_bytes")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -169,6 +167,8 @@ class DataIterator:
             raise ValueError(f"workers must be an integer >= 0 (0: read in this process) but got {workers!r}.")
         if not isinstance(copy_batches, bool):
             raise ValueError(f"copy_batches must be True or False but got {copy_batches!r}.")
+        self._source = source
+        info = source.run_info()
         if isinstance(start, DataState):
             try:
                 self._check_run(start)
