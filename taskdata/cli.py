@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # each command imports these when it runs (see above)
     from taskdata.config import Config
     from taskdata.define.registry import Registry
     from taskdata.evaluation import TargetsSource
+    from taskdata.index import RunPlan
     from taskdata.runs import ExampleLedger, StepLedger
 
 __all__ = ["main"]
@@ -196,13 +197,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--epoch-order",
-        choices=("feistel", "block"),
+        choices=("feistel", "block", "windowed"),
         default="feistel",
         help="order of epochs after the first: 'feistel' (per record, the default; every later-epoch "
-        "example is its own ranged read) or 'block' (shuffled blocks of --block-size contiguous records: "
-        "a bounded number of reads per host and step)",
+        "example is its own ranged read), 'block' (shuffled blocks of --block-size contiguous records: "
+        "a bounded number of reads per host and step, but a block's records share a batch every epoch) or "
+        "'windowed' (the same blocks, each dealt out over --block-size steps at one place of the batch: one "
+        "request per block for a client that knows that many steps ahead)",
     )
-    p.add_argument("--block-size", type=int, default=None, help="records per block of --epoch-order block")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="records per block of --epoch-order block or windowed")
+    p.add_argument("--width", type=int, default=None,
+                   help="with --epoch-order windowed: a task's examples per global step (default: --batch-size)")
     p.set_defaults(run=_cmd_plan)
 
     p = sub.add_parser(
@@ -608,7 +614,7 @@ def _verify_root(root: str, level: Level, workers: int) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from taskdata.index import BatchSchedule, EpochOrder, SkipRange, parse_stage, reads_bound
+    from taskdata.index import BatchSchedule, EpochOrder, SkipRange, parse_stage, reads_bound, requests_bound
     from taskdata.runs import RunStore, build_run
 
     if args.add_stage:
@@ -619,14 +625,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                if getattr(args, flag) is None]
     if missing:
         raise ValueError(f"Creating run {args.name!r} needs {', '.join(missing)} (or --add-stage to extend it).")
-    if args.epoch_order == "block" and args.block_size is None:
-        raise ValueError("--epoch-order block needs --block-size N (records per block), e.g. --block-size 64.")
-    if args.epoch_order != "block" and args.block_size is not None:
+    if args.epoch_order != "feistel" and args.block_size is None:
+        raise ValueError(f"--epoch-order {args.epoch_order} needs --block-size N (records per block), e.g. "
+                         "--block-size 64.")
+    if args.epoch_order == "feistel" and args.block_size is not None:
         raise ValueError(
-            f"--block-size {args.block_size} applies to --epoch-order block only; add --epoch-order block or "
+            f"--block-size {args.block_size} applies to --epoch-order block or windowed only; add one of them or "
             "drop --block-size."
         )
-    epoch_order = EpochOrder.blocks(args.block_size) if args.epoch_order == "block" else EpochOrder()
+    if args.epoch_order != "windowed" and args.width is not None:
+        raise ValueError(f"--width {args.width} applies to --epoch-order windowed only; add it or drop --width.")
+    if args.epoch_order == "windowed":
+        epoch_order = EpochOrder.windowed(args.block_size, args.batch_size if args.width is None else args.width)
+    else:
+        epoch_order = EpochOrder.blocks(args.block_size) if args.epoch_order == "block" else EpochOrder()
 
     skip = []
     for text in args.skip:
@@ -664,11 +676,33 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     # The largest batch of any stage has the largest slices, and the bound grows with the slice.
     schedules = [plan.schedule] + [stage.schedule for stage in plan.stages if stage.schedule is not None]
     slice_size = max(max(s.start, s.end) for s in schedules) // plan.num_data_shards
+    order = plan.epoch_order
     print(
-        f"epoch order {plan.epoch_order.describe()}: at most {reads_bound(plan, slice_size)} ranged reads per "
+        f"epoch order {order.describe()}: at most {reads_bound(plan, slice_size)} ranged reads per "
         f"data shard ({slice_size} examples) at any step"
     )
+    if order.read_horizon:
+        record_bytes = _largest_record(root, plan)
+        held = order.records_held(slice_size)
+        print(
+            f"reading {order.read_horizon} steps ahead (DataIterator's default for this order), a data shard makes "
+            f"at most {requests_bound(plan, slice_size)} requests per step after its first (when a task's examples "
+            f"per step are the width) and keeps at most {held:,} records for later steps "
+            f"({held * record_bytes / 2**20:,.1f} MiB at the caches' largest record of {record_bytes:,} bytes)"
+        )
     return 0
+
+
+def _largest_record(root: str, plan: RunPlan) -> int:
+    """The largest record of the split the plan reads, over its tasks' pinned cache versions."""
+    from taskdata.cache.format import find_version, load_manifest, task_dir
+
+    largest = 0
+    for task in plan.task_names:
+        version = find_version(task_dir(root, task), plan.caches[task].fingerprint)
+        if version is not None:
+            largest = max(largest, load_manifest(version).split(plan.split).max_record_bytes)
+    return largest
 
 
 def _add_stages(args: argparse.Namespace) -> int:

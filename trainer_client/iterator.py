@@ -123,7 +123,9 @@ class DataIterator:
       start: step 0 of a new run (an int), or the ``DataState`` of a checkpoint to resume from.
       host_slice: the slice of every global batch this host reads (default: process index of count).
       lookahead: steps of instructions known ahead of the train step, fetched in requests of this many
-        steps (at most ``MAX_LOOKAHEAD``, 64, what the server answers at once).
+        steps (at most ``MAX_LOOKAHEAD``, 64, what the server answers at once). Default: 16, or the plan's
+        epoch order's ``read_horizon`` plus ``read_ahead`` where that is more (the windowed order: a block's
+        records are dealt out over that many steps, and read with one request when they are all known).
       prefetch: batches read ahead of the train step.
       read_ahead: steps whose reads may be in flight at once.
       read_ahead_bytes: the most bytes that the records of steps started and not finished may hold (one
@@ -149,7 +151,7 @@ class DataIterator:
         *,
         start: int | DataState = 0,
         host_slice: HostSlice | None = None,
-        lookahead: int = 16,
+        lookahead: int | None = None,
         prefetch: int = 4,
         stop_step: int | None = None,
         verify_crc: bool = True,
@@ -161,6 +163,8 @@ class DataIterator:
     ):
         for value, what in ((lookahead, "lookahead"), (prefetch, "prefetch"), (read_ahead, "read_ahead"),
                             (read_ahead_bytes, "read_ahead_bytes")):
+            if value is None and what == "lookahead":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{what} must be a positive integer but got {value!r}.")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
@@ -169,6 +173,8 @@ class DataIterator:
             raise ValueError(f"copy_batches must be True or False but got {copy_batches!r}.")
         self._source = source
         info = source.run_info()
+        if lookahead is None:
+            lookahead = max(16, info.plan.epoch_order.read_horizon + read_ahead)
         if isinstance(start, DataState):
             try:
                 self._check_run(start)

@@ -36,11 +36,12 @@ from taskdata.index.occurrences import Occurrence, occurrences, reads_before
 from taskdata.index.permutation import EpochPermutation, epoch_and_index, permute_many, task_position_of
 from taskdata.index.plan import INDEX_MATH_VERSION, RunPlan, SkipRange, TaskCache, data_shard_for_host
 from taskdata.index.progress import RunProgress, TaskProgress, progress
-from taskdata.index.read_bound import reads_bound, runs_per_block
+from taskdata.index.read_bound import reads_bound, requests_bound, runs_per_block
 from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
 from taskdata.index.reads_json import MAX_LOOKAHEAD, StepJson, from_json, to_json
 from taskdata.index.schedule import BatchSchedule
 from taskdata.index.stages import STAGE_SYNTAX, Stage, StagedMixing, StagedSchedule, parse_stage
+from taskdata.index.windowed_order import WindowedPermutation, windowed_permute_many
 
 __all__ = [
     "FEISTEL",
@@ -76,6 +77,7 @@ __all__ = [
     "TaskCache",
     "TaskProgress",
     "TaskReads",
+    "WindowedPermutation",
     "assign",
     "block_permute_many",
     "data_shard_for_host",
@@ -95,6 +97,7 @@ __all__ = [
     "read_runs",
     "reads_before",
     "reads_bound",
+    "requests_bound",
     "run_starts",
     "runs_per_block",
     "slice_positions",
@@ -104,4 +107,5 @@ __all__ = [
     "task_position_in",
     "task_position_of",
     "to_json",
+    "windowed_permute_many",
 ]

@@ -21,11 +21,12 @@ import dataclasses
 import numpy as np
 
 from taskdata.index.block_order import block_permute_many
-from taskdata.index.epoch_order import block_permutation
+from taskdata.index.epoch_order import block_permutation, windowed_permutation
 from taskdata.index.errors import PlanError
 from taskdata.index.permutation import _epoch_permutation, permute_many
 from taskdata.index.plan import RunPlan
 from taskdata.index.tables import INT64_LIMIT
+from taskdata.index.windowed_order import windowed_permute_many
 
 __all__ = ["ExampleArrays", "example_arrays", "fits_int64", "run_starts"]
 
@@ -173,8 +174,8 @@ def example_arrays(plan: RunPlan, positions: range) -> ExampleArrays:
 
 
 def _permute(plan: RunPlan, tasks: np.ndarray, epochs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Record indices of positions past epoch 0: one ``permute_many`` (or ``block_permute_many``, under
-    the block epoch order) over their (task, epoch) pairs."""
+    """Record indices of positions past epoch 0: one ``permute_many`` (``block_permute_many`` under the block
+    epoch order, ``windowed_permute_many`` under the windowed one) over their (task, epoch) pairs."""
     # Sorting by (task, epoch) numbers the distinct pairs; Python then only touches each pair once.
     order = np.lexsort((epochs, tasks))
     sorted_tasks, sorted_epochs = tasks[order], epochs[order]
@@ -187,7 +188,16 @@ def _permute(plan: RunPlan, tasks: np.ndarray, epochs: np.ndarray, offsets: np.n
     firsts = np.flatnonzero(new_pair)
     names, layouts = plan.task_names, plan.layouts
     pairs = list(zip(sorted_tasks[firsts].tolist(), sorted_epochs[firsts].tolist(), strict=True))
-    block_size = plan.epoch_order.block_size
+    epoch_order = plan.epoch_order
+    if epoch_order.kind == "windowed":
+        size, width = epoch_order.block_size, epoch_order.width
+        assert size is not None and width is not None
+        windows = [
+            windowed_permutation(plan.seed, names[task], epoch, layouts[task].num_records, size, width)
+            for task, epoch in pairs
+        ]
+        return windowed_permute_many(windows, which, offsets)
+    block_size = epoch_order.block_size
     if block_size is not None:
         blocks = [
             block_permutation(plan.seed, names[task], epoch, layouts[task].num_records, block_size)

@@ -13,6 +13,14 @@ the same count. Reads of a task that happen to meet merge, so a step needs at mo
 Every read fetches exactly its records: a host's bytes per step are those of its examples (at most
 ``S`` times the cache's largest record) under either order, which is what the client holds in memory
 for a step.
+
+The windowed order (``taskdata.index.windowed_order``) takes one record of each of ``width`` blocks per
+step, so its instructions may name a read per example (``reads_bound``). A client that knows
+``read_horizon`` steps ahead reads each block once and keeps its rest (``EpochOrder.records_held``): at
+each row of its table one column in ``K`` starts a block and one in ``K`` wraps to the start of its
+stretch, so ``L`` consecutive positions of one row start at most ``2 * (ceil(L / K) + 1)`` blocks, each
+at most ``c_t`` requests (``requests_bound``), when the task's examples per step are the order's
+``width``; a client's first step starts every column.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from taskdata.index.errors import PlanError
 from taskdata.index.layout import ShardLayout
 from taskdata.index.plan import RunPlan
 
-__all__ = ["reads_bound", "runs_per_block", "task_positions_bound"]
+__all__ = ["reads_bound", "requests_bound", "runs_per_block", "task_positions_bound"]
 
 
 def runs_per_block(layout: ShardLayout, block_size: int) -> int:
@@ -73,12 +81,28 @@ def reads_bound(plan: RunPlan, slice_size: int) -> int:
     total = 0
     block_size = plan.epoch_order.block_size
     for layout, positions in zip(plan.layouts, task_positions_bound(plan, slice_size), strict=True):
-        if block_size is None or positions == 0:
+        if block_size is None or positions == 0 or plan.epoch_order.kind == "windowed":
             total += positions
             continue
         epoch_ends = -(-(positions - 1) // layout.num_records)
         blocks = -(-positions // block_size) + 2 * epoch_ends + 1
         total += min(positions, runs_per_block(layout, block_size) * blocks)
+    return min(total, slice_size)
+
+
+def requests_bound(plan: RunPlan, slice_size: int) -> int:
+    """At most this many requests per step serve ``slice_size`` consecutive positions of ``plan``'s stream for
+    a client that knows ``plan.epoch_order.read_horizon`` steps ahead and keeps what it read (past its first
+    step): ``reads_bound``, but for the windowed order the blocks its columns start (module docstring)."""
+    order = plan.epoch_order
+    if order.kind != "windowed":
+        return reads_bound(plan, slice_size)
+    assert order.block_size is not None
+    total = 0
+    for layout, positions in zip(plan.layouts, task_positions_bound(plan, slice_size), strict=True):
+        if positions:
+            blocks = 2 * (-(-positions // order.block_size) + 1)
+            total += min(positions, runs_per_block(layout, order.block_size) * blocks)
     return min(total, slice_size)
 
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 import numpy as np
 
 from taskdata.index.block_order import block_permute_many
-from taskdata.index.epoch_order import block_permutation
+from taskdata.index.epoch_order import block_permutation, windowed_permutation
 from taskdata.index.permutation import _epoch_permutation, permute_blocks
 from taskdata.index.plan import RunPlan
+from taskdata.index.windowed_order import windowed_permute_many
 
 __all__ = ["task_runs"]
 
@@ -109,7 +110,16 @@ def _record_indices(plan: RunPlan, before: tuple[int, ...], per_task: list[int],
         where = mine.repeat(lengths).nonzero()[0]
         block_lengths = [lengths[block] for block in blocks]
     offsets = indices if where is None else indices[where]
-    if block_size is None:
+    order = plan.epoch_order
+    if order.kind == "windowed":
+        assert block_size is not None and order.width is not None
+        windows = [
+            windowed_permutation(plan.seed, names[t], epoch, layouts[t].num_records, block_size, order.width)
+            for _, t, epoch in permuted
+        ]
+        which = np.arange(len(blocks), dtype=np.int64).repeat(block_lengths)
+        permuted_indices = windowed_permute_many(windows, which, offsets)
+    elif block_size is None:
         orders = [
             _epoch_permutation(plan.seed, names[t], epoch, layouts[t].num_records) for _, t, epoch in permuted
         ]
