@@ -30,6 +30,7 @@ from taskdata.index import (
 )
 
 SIZES = (1, 2, 3, 97, 1009, 63, 65, 255, 257, 1023, 1025)
+WINDOWED = EpochOrder.windowed(16, 32)
 
 
 def plan_of(counts, *, order, seed=7, batch=32, shards=4) -> RunPlan:
@@ -98,7 +99,7 @@ def test_records_read_together_never_share_a_batch_but_under_the_block_order_the
 
 
 def test_negative_controls_another_seed_task_width_block_size_or_order_differ():
-    def order_of(order=EpochOrder.windowed(16, 32), seed=7, task="t"):
+    def order_of(order=WINDOWED, seed=7, task="t"):
         return [epoch_and_index_in(order, seed, task, 1025, 1025 + p)[1] for p in range(1025)]
 
     base = order_of()
