@@ -117,6 +117,37 @@ def _client(plan, version: str, lengths, host, first: int, warmup: int, timed: i
                sidecars, served.requests["metadata"], served.requests["media whole"] - sidecars, served.max_ranged_in_flight)
 
 
+def _instruction_reads(plan, version: str, host, first: int, steps: int) -> float:
+    """Mean reads per step the instructions of steps ``[first, first + steps)`` name (before the client
+    coalesces them)."""
+    from trainer_client.local_source import LocalAssignments
+
+    source = LocalAssignments(plan, {TASK: version})
+    try:
+        return float(np.mean([sum(len(t) for t in s.tasks) for s in source.fetch(first, steps, host)]))
+    finally:
+        source.close()
+
+
+def _targets(got, top: float, names: list[str]) -> list[str]:
+    """The issue's targets, read off the rows at ``top`` ms."""
+    feistel, block, windowed = names
+    rate = {(n, e): got[top, n, e][0].examples_per_s for n in names for e in (0, 1, 100)}
+    cpu = {(n, e): got[top, n, e][0].cpu_us_per_example / got[top, n, e][1].cpu_us_per_example
+           for n in names for e in (0, 1, 100)}
+    return [
+        f"at {top:g} ms: {feistel} epochs 1 / 100 {rate[feistel, 1]:,.0f} / {rate[feistel, 100]:,.0f} examples/s "
+        f"(target >= 2,000) at {got[top, feistel, 1][0].cpu_us_per_example:.0f} / "
+        f"{got[top, feistel, 100][0].cpu_us_per_example:.0f} CPU-us per example",
+        f"at {top:g} ms: {windowed} epochs 1 / 100 at {rate[windowed, 1] / rate[windowed, 0]:.0%} / "
+        f"{rate[windowed, 100] / rate[windowed, 0]:.0%} of its epoch 0's examples/s (target >= 90%), client CPU per "
+        f"example {cpu[windowed, 0]:.2f}x / {cpu[windowed, 1]:.2f}x / {cpu[windowed, 100]:.2f}x the local disk's in "
+        f"epochs 0 / 1 / 100 (target <= 1.2x); {block}: {cpu[block, 1]:.2f}x / {cpu[block, 100]:.2f}x in epochs 1 / 100",
+        f"at {top:g} ms, epoch 0: {', '.join(f'{n} {got[top, n, 0][0].examples_per_s / got[top, n, 0][1].examples_per_s:.0%}' for n in names)} "
+        "of the local disk's examples/s in the same run (target >= 50%)",
+    ]
+
+
 def _cost(gets: float) -> str:
     return f"${gets * CLASS_B_PER_10K / 10_000:,.2f}"
 
@@ -127,7 +158,7 @@ def measure_gcs(delays_ms: Sequence[float], hosts: int, host_batch: int, orders:
     from bench.object_store import running_store
     from taskdata.cache.reader import CacheReader
     from taskdata.config import Config
-    from taskdata.index import BatchSchedule, RunPlan, TaskCache, reads_bound
+    from taskdata.index import BatchSchedule, RunPlan, TaskCache, reads_bound, requests_bound
     from trainer_client.assignments import HostSlice
 
     if "gcsfs" in sys.modules and os.environ.get("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT") != "false":
@@ -151,14 +182,16 @@ def measure_gcs(delays_ms: Sequence[float], hosts: int, host_batch: int, orders:
         f"many requests at once) adding {' or '.join(f'{d:g}' for d in delays_ms)} ms to every request; a synthetic "
         f"cache of {n:,} records of ~2 KB in {len(cache.shard_record_counts)} shards (bench/gcs_reads.py); host 0 of "
         f"{hosts} ({host_batch} examples per step, {per_epoch} steps per epoch) read through DataIterator over "
-        f"LocalAssignments (gs:// through gcsfs; defaults: lookahead 16, FetchOptions() = 64 requests in flight, "
-        f"ranges 64 KiB apart coalesced), and the same steps from the local folder (page cache) in the same run; each "
+        f"LocalAssignments (gs:// through gcsfs; DataIterator's defaults: 8 steps' reads in flight, instructions known "
+        f"16 steps ahead, or the order's read horizon + 8; FetchOptions(): 64 requests in flight, ranges 64 KiB apart "
+        f"one request, extended over later steps' ranges up to 4 MiB, 64 MiB kept), and the same steps from the local "
+        f"folder (page cache) in the same run; each "
         f"row a fresh client reading the epoch's first {warmup + steps} steps, timed over the last {steps} (examples/s "
         f"and this process's CPU per example, every thread: the store runs in its own process); GETs counted at the "
         f"store over all {warmup + steps} steps; 1-minute load average at the start of each row",
-        "| delay | order (stated reads bound) | epoch | examples/s: store; local disk (ratio) | client CPU us per "
-        "example: store; local disk (ratio) | ranged GETs per step (most in flight) | sidecar GETs (shards opened); "
-        "metadata requests | load |",
+        "| delay | order (stated bounds: reads; requests) | epoch | examples/s: store; local disk (ratio) | client CPU "
+        "us per example: store; local disk (ratio) | ranged GETs per step (most in flight); reads the instructions "
+        "name | sidecar GETs (shards opened); metadata requests | load |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     got: dict[tuple[float, str, int], tuple[Run, Run]] = {}
@@ -169,31 +202,35 @@ def measure_gcs(delays_ms: Sequence[float], hosts: int, host_batch: int, orders:
                 for name, order in orders:
                     plan = RunPlan(name="gcs", mixture=TASK, caches={TASK: cache}, rates=None, seed=17,
                                    schedule=BatchSchedule.constant(batch), num_data_shards=hosts, epoch_order=order)
-                    bound = reads_bound(plan, host_batch)
+                    bound = f"{reads_bound(plan, host_batch)}; {requests_bound(plan, host_batch)}"
                     for epoch in (0, 1, 100):
                         load = os.getloadavg()[0]
                         first = -(-epoch * n // batch)
                         remote = _client(plan, version, lengths, host, first, warmup, steps, store)
                         disk = _client(plan, local, lengths, host, first, warmup, steps)
+                        named = _instruction_reads(plan, local, host, first, warmup + steps)
                         got[delay, name, epoch] = remote, disk
                         lines.append(
                             f"| {delay:g} ms | {name} ({bound}) | {epoch} | {remote.examples_per_s:,.0f}; "
                             f"{disk.examples_per_s:,.0f} ({remote.examples_per_s / disk.examples_per_s:.2f}) | "
                             f"{remote.cpu_us_per_example:.1f}; {disk.cpu_us_per_example:.1f} "
                             f"({remote.cpu_us_per_example / disk.cpu_us_per_example:.2f}) | "
-                            f"{remote.data_gets_per_step:.1f} ({remote.max_in_flight}) | {remote.sidecar_gets}; "
+                            f"{remote.data_gets_per_step:.1f} ({remote.max_in_flight}); {named:.1f} | {remote.sidecar_gets}; "
                             f"{remote.metadata} | {load:.2f} |"
                         )
             finally:
                 os.environ.pop("STORAGE_EMULATOR_HOST", None)
     top = max(delays_ms)
+    lines += _targets(got, top, [name for name, _ in orders])
     lines.append(
         f"GETs per epoch and their cost at GCS's list price for Class B operations (${CLASS_B_PER_10K} per 10,000, "
         f"Standard storage), from the ranged GETs per step at {top:g} ms in epoch 100 ({host_batch} examples per host "
         f"and step): one host reading an epoch alone, and a pod of {POD_HOSTS:,} hosts (a global batch of "
         f"{POD_HOSTS * host_batch:,}) reading it together, in all and per host; for this cache ({n:,} records) and "
         "for an epoch of 100 million examples. Each host also reads each shard's offsets sidecar once per run "
-        "(a GET per shard it opens), not counted here:"
+        "(a GET per shard it opens), not counted here. These GETs are this cache's: its 4 MB shards let one request "
+        "take in the records later steps read nearby; with shards much larger than what the lookahead reads of each "
+        "(C4's 256 MB shards), the per-record order makes about the reads its instructions name, one GET per example:"
     )
     for name, _ in orders:
         per_step = got[top, name, 100][0].data_gets_per_step

@@ -163,19 +163,27 @@ class CacheReader:
         record_array = np.asarray(records, dtype=np.int64)
         if shard_array.shape != record_array.shape or shard_array.ndim != 1:
             raise ValueError("shards and records must be 1-D sequences of the same length.")
-        unique = np.unique(shard_array).tolist()
+        # Each distinct record once, in file order, shard by shard; a run of consecutive records is one read.
+        inverse = None
+        if len(shard_array) and not (np.all(shard_array == shard_array[0]) and np.all(np.diff(record_array) == 1)):
+            order = np.lexsort((record_array, shard_array))
+            sorted_shards, sorted_records = shard_array[order], record_array[order]
+            new = np.ones(len(order), bool)
+            new[1:] = (np.diff(sorted_shards) != 0) | (np.diff(sorted_records) != 0)
+            inverse = np.empty(len(order), np.int64)
+            inverse[order] = np.cumsum(new) - 1
+            shard_array, record_array = sorted_shards[new], sorted_records[new]
+        cuts = np.flatnonzero(np.diff(shard_array)) + 1
+        firsts = [0, *cuts.tolist()]
+        unique = shard_array[firsts].tolist() if len(shard_array) else []
         self.load_offsets(split, unique)
         if fetcher is None and fs.is_remote(self.version_dir):
             fetcher = self._own_fetcher()
         later = later or {}
-        if len(unique) == 1:
-            return PendingSpans(len(shard_array), [(None, self._start_gather(split, int(unique[0]), record_array,
-                                                                               fetcher, later))])
-        parts = []
-        for shard in unique:
-            slots = np.flatnonzero(shard_array == shard)
-            parts.append((slots, self._start_gather(split, int(shard), record_array[slots], fetcher, later)))
-        return PendingSpans(len(shard_array), parts)
+        bounds = [*firsts, len(shard_array)]
+        parts = [self._start_shard(split, shard, record_array[bounds[k] : bounds[k + 1]], fetcher, later)
+                 for k, shard in enumerate(unique)]
+        return PendingSpans(parts, inverse)
 
     def decode_records(self, split: str, shards: Sequence[int] | np.ndarray, records: Sequence[int] | np.ndarray,
                        spec: Mapping[str, str] | None = None) -> dict[str, RaggedFeature]:
@@ -186,20 +194,16 @@ class CacheReader:
         buffer, starts, ends = self.read_spans(split, shards, records)
         return decode_buffer(buffer, starts, ends, spec or feature_spec(self.manifest))
 
-    def _start_gather(self, split: str, shard: int, records: np.ndarray, fetcher: RangeFetcher | None,
-                      later: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> _PendingShard:
+    def _start_shard(self, split: str, shard: int, wanted: np.ndarray, fetcher: RangeFetcher | None,
+                     later: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> _PendingShard:
+        """Starts the reads of one shard's records ``wanted`` (distinct, increasing)."""
         reader, index = self._reader(split, shard)
         offsets = index.offsets
         count = index.count
-        if len(records) and (records.min() < 0 or records.max() >= count):
-            bad = int(records[(records < 0) | (records >= count)][0])
+        if wanted[0] < 0 or wanted[-1] >= count:
+            bad = int(wanted[0] if wanted[0] < 0 else wanted[-1])
             raise IndexError(f"Shard {reader.path} has {count} records; record {bad} is out of range. "
                              "The read plan does not match this cache version.")
-        # Each distinct record once, in file order; a run of consecutive records is one read.
-        if len(records) and np.all(np.diff(records) == 1):
-            wanted, slot_of = records, None  # one run (epoch 0): nothing to sort
-        else:
-            wanted, slot_of = np.unique(records, return_inverse=True)
         starts, ends = offsets[wanted], offsets[wanted + 1]
         first_of_run = np.flatnonzero(np.diff(wanted, prepend=-2) != 1)
         last_of_run = np.append(first_of_run[1:], len(wanted)) - 1
@@ -210,7 +214,7 @@ class CacheReader:
             reads: PendingRanges | _LocalRanges = fetcher.start(reader.path, begins, sizes, later.get(reader.path))
         else:
             reads = _LocalRanges(self._file(split, shard), reader.path, begins.tolist(), sizes.tolist())
-        return _PendingShard(reads, reader.path, wanted, slot_of, starts, ends, index.crcs[wanted],
+        return _PendingShard(reads, reader.path, wanted, starts, ends, index.crcs[wanted],
                              self._entry(split, shard).max_record_bytes, self._verify_crc)
 
     def _file(self, split: str, shard: int) -> int:
@@ -299,29 +303,58 @@ class CacheReader:
 class PendingSpans:
     """The reads ``CacheReader.start_spans`` started; ``result`` waits for them and checks every record."""
 
-    def __init__(self, count: int, parts: Sequence[tuple[np.ndarray | None, _PendingShard]]):
-        self._count = count
-        self._parts = parts
+    def __init__(self, parts: Sequence[_PendingShard], inverse: np.ndarray | None):
+        self._parts = parts  # per shard, in shard order: its distinct records, increasing
+        self._inverse = inverse  # where each record asked for is among them (None: they are the ones asked for)
 
     def result(self) -> tuple[bytes, np.ndarray, np.ndarray]:
         """The records, verified: one buffer, and where record i of the request lies in it."""
-        if len(self._parts) == 1 and self._parts[0][0] is None:
-            return self._parts[0][1].result()
-        parts = []
-        starts = np.zeros(self._count, dtype=np.int64)
-        ends = np.zeros(self._count, dtype=np.int64)
+        fetched = [pending.reads.result() for pending in self._parts]
+        if not self._parts:
+            buffer, starts, ends = b"", np.zeros(0, np.int64), np.zeros(0, np.int64)
+        elif len(self._parts) == 1:
+            buffer, starts, ends = self._parts[0].check(*fetched[0])
+        elif any(file_end is not None for _, file_end in fetched):
+            buffer, starts, ends = self._one_by_one(fetched)  # a shard shorter than its sidecar: named by its check
+        else:
+            buffer, starts, ends = self._all_at_once(fetched)
+        if self._inverse is None:
+            return buffer, starts, ends
+        return buffer, starts[self._inverse], ends[self._inverse]
+
+    def _one_by_one(self, fetched: list[tuple[bytes, int | None]]) -> tuple[bytes, np.ndarray, np.ndarray]:
+        buffers, starts, ends = [], [], []
         offset = 0
-        for slots, pending in self._parts:
-            buffer, shard_starts, shard_ends = pending.result()
-            starts[slots] = shard_starts + offset
-            ends[slots] = shard_ends + offset
-            parts.append(buffer)
+        for pending, (data, file_end) in zip(self._parts, fetched, strict=True):
+            buffer, shard_starts, shard_ends = pending.check(data, file_end)
+            buffers.append(buffer)
+            starts.append(shard_starts + offset)
+            ends.append(shard_ends + offset)
             offset += len(buffer)
-        return b"".join(parts), starts, ends
+        return b"".join(buffers), np.concatenate(starts), np.concatenate(ends)
+
+    def _all_at_once(self, fetched: list[tuple[bytes, int | None]]) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """Every shard's frames checked in one pass over one buffer (a step of a windowed or per-record epoch
+        reads a few records of each of many shards: one pass instead of one per shard)."""
+        from taskdata.cache.tfrecord import CorruptRecordError, check_frames
+
+        parts = self._parts
+        buffer = b"".join(data for data, _ in fetched)
+        sizes = [p.frame_sizes for p in parts]
+        frame_offsets = np.concatenate(([0], np.cumsum(np.concatenate(sizes))))
+        counts = np.cumsum([0] + [len(size) for size in sizes])
+        limits = np.concatenate([np.full(len(p.frame_sizes), p.max_record_bytes, np.int64) for p in parts])
+        try:
+            return (buffer, *check_frames(
+                buffer, frame_offsets, path="", first_index=0, base_offset=0, max_record_bytes=limits,
+                expected_crcs=np.concatenate([p.crcs for p in parts]), verify_crc=parts[0].verify_crc))
+        except CorruptRecordError as e:
+            part = int(np.searchsorted(counts, e.record_index, side="right")) - 1
+            raise parts[part].corrupt(e.record_index - int(counts[part]), e.reason) from e
 
     def cancel(self) -> None:
         """Drops reads that have not started (the caller stops before asking for the result)."""
-        for _, pending in self._parts:
+        for pending in self._parts:
             pending.reads.cancel()
 
 
@@ -341,38 +374,42 @@ class _LocalRanges:
 class _PendingShard:
     """One shard's part of a ``PendingSpans``: its reads, and what checks their frames."""
 
-    def __init__(self, reads: PendingRanges | _LocalRanges, path: str, wanted: np.ndarray, slot_of: np.ndarray | None,
-                 starts: np.ndarray, ends: np.ndarray, crcs: np.ndarray, max_record_bytes: int, verify_crc: bool):
+    def __init__(self, reads: PendingRanges | _LocalRanges, path: str, wanted: np.ndarray, starts: np.ndarray,
+                 ends: np.ndarray, crcs: np.ndarray, max_record_bytes: int, verify_crc: bool):
         self.reads = reads
-        self._path, self._wanted, self._slot_of = path, wanted, slot_of
-        self._starts, self._ends, self._crcs = starts, ends, crcs
-        self._max_record_bytes, self._verify_crc = max_record_bytes, verify_crc
+        self._path, self._wanted, self._starts, self._ends = path, wanted, starts, ends
+        self.crcs, self.max_record_bytes, self.verify_crc = crcs, max_record_bytes, verify_crc
 
-    def result(self) -> tuple[bytes, np.ndarray, np.ndarray]:
+    @property
+    def frame_sizes(self) -> np.ndarray:
+        return self._ends - self._starts
+
+    def corrupt(self, i: int, reason: str) -> Exception:
+        """The error for the ``i``-th record read, named by its record and byte offset in the shard."""
+        from taskdata.cache.tfrecord import CorruptRecordError
+
+        return CorruptRecordError(self._path, int(self._wanted[i]), int(self._starts[i]), reason)
+
+    def check(self, buffer: bytes, file_end: int | None) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """This shard's records checked in ``buffer`` (what its reads gave, and the file's size if it ended early)."""
         from taskdata.cache.tfrecord import CorruptRecordError, check_frames, truncation_reason
 
-        buffer, file_end = self.reads.result()
         wanted, starts, ends = self._wanted, self._starts, self._ends
         frame_offsets = np.concatenate(([0], np.cumsum(ends - starts)))
         whole = len(wanted) if file_end is None else int(np.searchsorted(frame_offsets[1:], len(buffer), side="right"))
         try:
             data_starts, data_ends = check_frames(
                 buffer, frame_offsets[: whole + 1], path=self._path, first_index=0, base_offset=0,
-                max_record_bytes=self._max_record_bytes, expected_crcs=self._crcs[:whole],
-                verify_crc=self._verify_crc)
+                max_record_bytes=self.max_record_bytes, expected_crcs=self.crcs[:whole],
+                verify_crc=self.verify_crc)
         except CorruptRecordError as e:
             # Name the record and byte offset in the shard, not in the gathered buffer.
-            i = e.record_index
-            raise CorruptRecordError(self._path, int(wanted[i]), int(starts[i]), e.reason) from e
+            raise self.corrupt(e.record_index, e.reason) from e
         if file_end is not None:
             # The records before the cut verified; the first one the file does not hold is named with
             # the file's positions (what 'taskdata verify' says), not the buffer's.
-            raise CorruptRecordError(self._path, int(wanted[whole]), int(starts[whole]),
-                                     truncation_reason(file_end, int(starts[whole]), int(ends[whole])))
-        if self._slot_of is None:
-            return buffer, data_starts, data_ends
-        # In the order asked for (a record asked for twice is there once, named twice).
-        return buffer, data_starts[self._slot_of], data_ends[self._slot_of]
+            raise self.corrupt(whole, truncation_reason(file_end, int(starts[whole]), int(ends[whole])))
+        return buffer, data_starts, data_ends
 
 
 def _read_runs(fd: int, begins: list[int], sizes: list[int]) -> tuple[bytes, int | None]:
