@@ -198,12 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--epoch-order",
         choices=("feistel", "block", "windowed"),
-        default="feistel",
-        help="order of epochs after the first: 'feistel' (per record, the default; every later-epoch "
-        "example is its own ranged read), 'block' (shuffled blocks of --block-size contiguous records: "
-        "a bounded number of reads per host and step, but a block's records share a batch every epoch) or "
-        "'windowed' (the same blocks, each dealt out over --block-size steps at one place of the batch: one "
-        "request per block for a client that knows that many steps ahead)",
+        default=None,
+        help="order of epochs after the first: 'windowed' (the default, with --block-size 64: shuffled blocks of "
+        "contiguous records, each dealt out over --block-size steps at one place of the batch; one request per "
+        "block for a client that knows that many steps ahead), 'block' (the same blocks read together: a "
+        "block's records share a batch every epoch) or 'feistel' (per record: every later-epoch example is "
+        "its own ranged read)",
     )
     p.add_argument("--block-size", type=int, default=None,
                    help="records per block of --epoch-order block or windowed")
@@ -615,7 +615,7 @@ def _verify_root(root: str, level: Level, workers: int) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from taskdata.index import BatchSchedule, EpochOrder, SkipRange, parse_stage, reads_bound, requests_bound
-    from taskdata.runs import RunStore, build_run
+    from taskdata.runs import RunStore, build_run, default_epoch_order
 
     if args.add_stage:
         return _add_stages(args)
@@ -625,20 +625,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                if getattr(args, flag) is None]
     if missing:
         raise ValueError(f"Creating run {args.name!r} needs {', '.join(missing)} (or --add-stage to extend it).")
-    if args.epoch_order != "feistel" and args.block_size is None:
-        raise ValueError(f"--epoch-order {args.epoch_order} needs --block-size N (records per block), e.g. "
-                         "--block-size 64.")
+    if args.epoch_order == "block" and args.block_size is None:
+        raise ValueError("--epoch-order block needs --block-size N (records per block), e.g. --block-size 64.")
     if args.epoch_order == "feistel" and args.block_size is not None:
         raise ValueError(
             f"--block-size {args.block_size} applies to --epoch-order block or windowed only; add one of them or "
             "drop --block-size."
         )
-    if args.epoch_order != "windowed" and args.width is not None:
+    if args.epoch_order in ("feistel", "block") and args.width is not None:
         raise ValueError(f"--width {args.width} applies to --epoch-order windowed only; add it or drop --width.")
-    if args.epoch_order == "windowed":
-        epoch_order = EpochOrder.windowed(args.block_size, args.batch_size if args.width is None else args.width)
-    else:
-        epoch_order = EpochOrder.blocks(args.block_size) if args.epoch_order == "block" else EpochOrder()
 
     skip = []
     for text in args.skip:
@@ -652,6 +647,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     schedule = BatchSchedule(
         start=args.batch_size, end=end, ramp_steps=args.ramp_steps, multiple_of=args.multiple_of
     )
+    stages = [parse_stage(text) for text in args.stage]
+    epoch_order: EpochOrder | None = None  # the default of new runs: windowed (build_run)
+    if args.epoch_order == "feistel":
+        epoch_order = EpochOrder()
+    elif args.epoch_order == "block":
+        epoch_order = EpochOrder.blocks(args.block_size)
+    elif args.block_size is not None or args.width is not None:
+        default = default_epoch_order(schedule, stages)
+        epoch_order = EpochOrder("windowed", default.block_size if args.block_size is None else args.block_size,
+                                 default.width if args.width is None else args.width)
     root = args.cache_root or _config(args).cache_root
     run = build_run(
         _registry(args),
@@ -663,7 +668,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         num_data_shards=args.num_data_shards,
         skip=skip,
         split=args.split,
-        stages=[parse_stage(text) for text in args.stage],
+        stages=stages,
         warn=lambda message: print(f"taskdata plan: warning: {message}", file=sys.stderr),
         epoch_order=epoch_order,
     )
@@ -685,9 +690,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         record_bytes = _largest_record(root, plan)
         held = order.records_held(slice_size)
         print(
-            f"reading {order.read_horizon} steps ahead (DataIterator's default for this order), a data shard makes "
-            f"at most {requests_bound(plan, slice_size)} requests per step after its first (when a task's examples "
-            f"per step are the width) and keeps at most {held:,} records for later steps "
+            f"knowing {order.read_horizon} steps ahead (DataIterator's default lookahead covers it), a data shard "
+            f"makes at most {requests_bound(plan, slice_size)} requests per step after its first (when a task's "
+            f"examples per step are the width) and keeps at most {held:,} records for later steps "
             f"({held * record_bytes / 2**20:,.1f} MiB at the caches' largest record of {record_bytes:,} bytes)"
         )
     return 0

@@ -21,6 +21,7 @@ from taskdata.runs.store import (
     StoredRun,
     build_run,
     cache_fingerprint,
+    default_epoch_order,
 )
 from taskdata.runs.summary import format_summary, summarize
 
@@ -40,6 +41,7 @@ __all__ = [
     "TaskCacheView",
     "build_run",
     "cache_fingerprint",
+    "default_epoch_order",
     "example_ledger",
     "format_summary",
     "open_views",
