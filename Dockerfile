@@ -10,9 +10,11 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 
-# Pinned third-party packages first (their own layer, reused while only the code changes).
+# Pinned third-party packages first (their own layer, reused while only the code changes): the lock's
+# lines for the image, not those of the test tools and the extras the image leaves out.
 COPY requirements.lock /tmp/requirements.lock
-RUN pip install --no-deps -r /tmp/requirements.lock \
+RUN grep -v '# not in the image$' /tmp/requirements.lock > /tmp/image.lock \
+ && pip install --no-deps -r /tmp/image.lock \
  && useradd --create-home --uid 10001 taskdata
 WORKDIR /opt/taskdata
 COPY pyproject.toml README.md LICENSE ./

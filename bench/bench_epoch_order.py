@@ -42,9 +42,11 @@ import numpy as np
 from taskdata.index import (
     FEISTEL,
     BatchSchedule,
+    BlockOrder,
     EpochOrder,
     RunPlan,
     TaskCache,
+    WindowedOrder,
     example_arrays,
     reads_bound,
     requests_bound,
@@ -64,8 +66,8 @@ SEED = 17
 PLOT = pathlib.Path(__file__).resolve().parent / "epoch_order.png"
 TASKDATA_ORDERS = (
     [("feistel", FEISTEL)]
-    + [(f"block K={k}", EpochOrder.blocks(k)) for k in (16, 64, 256)]
-    + [(f"windowed K={k}", EpochOrder.windowed(k, BATCH)) for k in (16, 64)]
+    + [(f"block K={k}", BlockOrder(k)) for k in (16, 64, 256)]
+    + [(f"windowed K={k}", WindowedOrder(k, BATCH)) for k in (16, 64)]
 )
 
 
@@ -193,7 +195,7 @@ def taskdata_reads(order: EpochOrder, epoch: int, record_bytes: np.ndarray) -> t
         for host in range(HOSTS):
             first = step * BATCH + host * PER_HOST
             arrays = example_arrays(plan, range(first, first + PER_HOST))
-            _, _, _, counts = arrays.runs()
+            _, _, _, counts = arrays.extents()
             reads.append(len(counts))
             kib.append(record_bytes[arrays.indices].sum() / 1024)
     return float(np.mean(reads)), int(np.max(reads)), float(np.mean(kib))
@@ -307,8 +309,8 @@ def main() -> None:
         from bench.gcs_reads import measure_gcs
 
         k, width = args.gcs_block_size, args.gcs_hosts * args.gcs_host_batch
-        orders = [("feistel", FEISTEL), (f"block K={k}", EpochOrder.blocks(k)),
-                  (f"windowed K={k}", EpochOrder.windowed(k, width))]
+        orders = [("feistel", FEISTEL), (f"block K={k}", BlockOrder(k)),
+                  (f"windowed K={k}", WindowedOrder(k, width))]
         lines += measure_gcs(args.delay_ms, args.gcs_hosts, args.gcs_host_batch, orders, args.gcs_warmup,
                              args.gcs_steps)
     for line in lines:

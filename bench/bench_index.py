@@ -35,17 +35,16 @@ from collections.abc import Callable
 import numpy as np
 
 from taskdata.index import (
+    FEISTEL,
     BatchSchedule,
-    EpochPermutation,
     ExampleRef,
+    Extent,
     HostAssignment,
     Mixing,
-    ReadRun,
     RunPlan,
     Stage,
     TaskCache,
     assign,
-    epoch_and_index,
     example_arrays,
     examples_at,
     locate_example,
@@ -83,31 +82,31 @@ def request_plan(num_shards: int) -> RunPlan:
 
 
 def scalar_assign(plan: RunPlan, step: int, data_shard: int) -> HostAssignment:
-    """``assign`` as it was before numpy: the scalar chain one position at a time, then runs one by one."""
+    """``assign`` as it was before numpy: the chain one position at a time, then extents one by one."""
     positions = slice_positions(plan, step, data_shard)
     examples = []
     for position in positions:
         task, task_position = plan.mixing.locate(position)
         layout, name = plan.layouts[task], plan.task_names[task]
-        epoch, index = epoch_and_index(plan.seed, name, layout.num_records, task_position)
+        epoch, index = plan.epoch_order.epoch_and_index(plan.seed, name, layout.num_records, task_position)
         shard, record = layout.locate(index)
         examples.append(ExampleRef(position, name, epoch, index, shard, record))
-    runs: list[ReadRun] = []
+    extents: list[Extent] = []
     for e in examples:
-        last = runs[-1] if runs else None
+        last = extents[-1] if extents else None
         if last and (last.task, last.shard, last.first_record + last.count) == (e.task, e.shard, e.record):
-            runs[-1] = dataclasses.replace(last, count=last.count + 1)
+            extents[-1] = dataclasses.replace(last, count=last.count + 1)
         else:
-            runs.append(ReadRun(e.task, e.shard, e.record, 1))
+            extents.append(Extent(e.task, e.shard, e.record, 1))
     return HostAssignment(
-        step, data_shard, plan.num_data_shards, positions, False, tuple(examples), tuple(runs)
+        step, data_shard, plan.num_data_shards, positions, False, tuple(examples), tuple(extents)
     )
 
 
 def arrays_request(plan: RunPlan, step: int, data_shard: int) -> object:
-    """What a caller that serialises arrays does: the slice's arrays and each task's read runs."""
+    """What a caller that serialises arrays does: the slice's arrays and each task's extents."""
     arrays = example_arrays(plan, slice_positions(plan, step, data_shard))
-    return [arrays.runs(task) for task in range(len(plan.task_names))]
+    return [arrays.extents(task) for task in range(len(plan.task_names))]
 
 
 def interleaved(variants: dict[str, Callable[[], object]], rounds: int = 15) -> dict[str, float]:
@@ -216,7 +215,7 @@ def run() -> list[str]:
         "per request, CPU time, median of 15 interleaved rounds of 5 consecutive steps:",
         *("  " + line for line in request_costs()),
         "  - (scalar: the chain one position at a time, as assign() computed it before numpy. assign() also "
-        "builds an ExampleRef per example and a ReadRun per run, ~0.4 us each, about half its time; "
+        "builds an ExampleRef per example and an Extent per extent, ~0.4 us each, about half its time; "
         "example_arrays is the index math alone. The whole step's arrays, split 8 ways, is what a server "
         "answering every host pays per slice. The lines below are wall time, on the ramped plan.)",
     ]
@@ -248,7 +247,7 @@ def run() -> list[str]:
         t = per_call(lambda s=step: schedule.positions(s))
         lines.append(f"  - schedule.positions(step {step:,}) on the ramp: {t * 1e6:.1f} us")
     for size in (1_000, 10**10):
-        permutation = EpochPermutation.for_epoch(1, "task", 3, size)
+        permutation = FEISTEL.permutation(1, "task", 3, size)
         t = per_call(lambda p=permutation, n=size: p(n // 3))
         lines.append(f"  - epoch permutation lookup, {size:,} records: {t * 1e6:.1f} us")
     for num_tasks in (3, 300):

@@ -6,7 +6,7 @@ files, in one run: examples/s on 1 and 2 cores, and the time to the first batch.
 The read path is exactly what a trainer runs: ``DataIterator`` over ``LocalAssignments`` (index math,
 ranged reads, both CRCs and each record's place checked, decode, padding to 512/114, host batch 256),
 with ``workers=0`` (its reading thread) on one core and ``workers=2`` (two read worker processes) on two.
-Its plan reads epoch 0 in order, then later epochs in blocks of 4,096 records (``EpochOrder.blocks``),
+Its plan reads epoch 0 in order, then later epochs in blocks of 4,096 records (``BlockOrder``),
 so steps read contiguous records as tf.data does; a second row reads later epochs record by record
 (the default per-record order: 256 scattered reads a step). The peers, on the same shard files:
 
@@ -148,14 +148,14 @@ def shard_files(version_dir: str) -> list[str]:
 
 def make_plan(version_dir: str, blocks: bool):
     from taskdata.cache.reader import CacheReader
-    from taskdata.index import BatchSchedule, EpochOrder, RunPlan, TaskCache
+    from taskdata.index import BatchSchedule, BlockOrder, RunPlan, TaskCache
 
     with CacheReader(version_dir) as probe:
         caches = {probe.task: TaskCache(probe.manifest_sha256, probe.record_counts("train"))}
         task = probe.task
     plan = RunPlan(name="bench_readpath", mixture=task, caches=caches, rates=None, seed=0,
                    schedule=BatchSchedule(start=BATCH, end=BATCH), num_data_shards=1,
-                   **({"epoch_order": EpochOrder.blocks(BLOCK)} if blocks else {}))  # fmt: skip
+                   **({"epoch_order": BlockOrder(BLOCK)} if blocks else {}))  # fmt: skip
     return plan, {task: version_dir}
 
 

@@ -1,6 +1,6 @@
 """In-process cost of a ``/shards`` step's index math and answer, no HTTP (what bench_wrk.py's server spends
-per request before the socket): one host slice computed alone as a ``StepReads`` (``step_reads``), a whole
-step of 8 slices (``step_slices``), and a new step's answer as the server writes it for a host whose step
+per request before the socket): one host slice computed alone as a ``StepReads`` (``step_slices(..., only=i)``), a
+whole step of 8 slices (``step_slices``), and a new step's answer as the server writes it for a host whose step
 no other host asked for (``step_json``: the slice alone and its compact JSON, then ``shards_body``), on
 bench_server.py's runs r64 and r65536 (3-task mixture, global batch 2048, 8 data shards), at steps far
 into the run (every task many epochs in, as bench_wrk.py asks).
@@ -55,7 +55,7 @@ def setup() -> dict:
 
 def timings(prepared: dict, rounds: int) -> list[str]:
     from server.assignments import shards_body, step_json
-    from taskdata.index import step_reads, step_slices
+    from taskdata.index import step_slices
 
     lines = []
     for name, (run, _caches, memory, tables) in prepared.items():
@@ -66,7 +66,7 @@ def timings(prepared: dict, rounds: int) -> list[str]:
             steps = range(base, base + PER_ROUND)
             started = time.process_time()
             for step in steps:
-                step_reads(tables, step, step % HOSTS, HOSTS)
+                step_slices(tables, step, HOSTS, only=step % HOSTS)[0]
             figures["one slice"].append((time.process_time() - started) / PER_ROUND)
             started = time.process_time()
             for step in steps:
@@ -89,14 +89,14 @@ def timings(prepared: dict, rounds: int) -> list[str]:
 
 
 def profile(prepared: dict, name: str) -> None:
-    from taskdata.index import step_reads, step_slices
+    from taskdata.index import step_slices
 
     _run, _caches, _memory, tables = prepared[name]
     step_slices(tables, 0, HOSTS)
     profiler = cProfile.Profile()
     profiler.enable()
     for step in range(10_000, 10_000 + 1000):
-        step_reads(tables, step, step % HOSTS, HOSTS)
+        step_slices(tables, step, HOSTS, only=step % HOSTS)[0]
         step_slices(tables, step, HOSTS)
     profiler.disable()
     pstats.Stats(profiler).sort_stats("tottime").print_stats(30)

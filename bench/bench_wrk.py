@@ -72,7 +72,7 @@ Profiled (``--profile --encoding compact``, load 0.7-0.8), r64 together is 173 u
 whole step 63, JSON 36, socket write 23, event loop 22, answer and door 24; distinct 318, of which one slice's
 index math 198. What is left per request is Python: index math first, then the door and the event loop.
 
-Issue 18 item 1 then cut the index math and the JSON (``taskdata.index.task_runs``: a step task by task, mixing
+Issue 18 item 1 then cut the index math and the JSON (``taskdata.index.task_runs``, now ``chain.task_extents``: a step task by task, mixing
 read from one kept period, epochs cut in Python, the Feistel rounds as table lookups, no sort; ``StepJson``:
 what all slices of a step share written once). In one process (``bench_step_math.py``, CPU time, load 0.9),
 against main at 330c874 in the same minutes: a whole r64 step 178 us (min 169) against 554 (479), r65536
@@ -154,7 +154,7 @@ and run and joined as memoryviews, with no ``tobytes`` and no NUL strip). A slic
 28 us (r64) and from 70-80 to 55-64 (r65536), but making the pieces of a step cost 36-56 us per task (a
 dozen numpy calls of 2-5 us each), so a step and its 8 slices cost 86-95 us per slice against main's
 68-94 (r64) and 118-139 against 102-109 (r65536), alternating trees. Not done: the index math of 4
-consecutive steps at once (one ``task_runs`` over 4 x 2,048 positions in 32 slices) costs 101-127 us per
+consecutive steps at once (one ``task_extents`` over 4 x 2,048 positions in 32 slices) costs 101-127 us per
 step against 180-207 (r64), 154-288 against 256-320 (r65536), before cutting it into steps: ~10 us per
 together request, but only by computing steps no host has asked for yet (a steps=1 request names one),
 which this server does not do; a lookahead window (steps=16) could use it without guessing. Also measured
@@ -299,9 +299,8 @@ def wrk(script: str, port: int, pid: int, connections: int, seconds: int, **env:
 # Where a /shards request's time goes: a frame of py-spy's stacks -> its bucket (first match wins).
 BUCKETS = [
     ("writing the answer to the socket (uvicorn send)", "RequestResponseCycle.send (uvicorn"),
-    ("index math of a whole step (8 slices)", "step_slices (taskdata/index/host_reads.py"),
-    ("index math of one slice alone", "step_slice (taskdata/index/host_reads.py"),
-    ("the step's JSON (base64 columns, files)", "(taskdata/index/reads_json.py"),
+    ("index math of a whole step, or of one slice alone", "step_slices (taskdata/index/host_slices.py"),
+    ("the step's JSON (base64 columns, files)", "(taskdata/index/step_json.py"),
     ("a slice cut from its whole step, step LRU", "AnswerCache.step_json (server/assignments.py"),
     ("the answer around them (run, answer LRU, head)", "answer (server/routers/shards.py"),
     ("the answer around them (run, answer LRU, head)", "answer_now (server/routers/shards.py"),

@@ -38,7 +38,9 @@ through that id (SIGTERM, then SIGKILL) when its stage no longer needs it and, w
 What the emulator cannot show: it has no authentication. On GCS the trainers and the server would hold
 read-only credentials for the bucket (only the cache job, ``taskdata plan`` and the trainer's
 prediction writer need to write); the emulator accepts any request, so this drill does not check that
-readers cannot write, and it does not pretend to. The bearer token of the assignment server is real
+readers cannot write, and it does not pretend to. Nor does it honour generation preconditions
+(``ifGenerationMatch``), so writers racing on shared state are drilled on fake-gcs-server instead
+(``deploy/fault_drills/shared_state.py``); here each piece of shared state has one writer at a time. The bearer token of the assignment server is real
 and is checked.
 
 The drill's own process never changes its environment: every child gets an environment built here

@@ -1,7 +1,7 @@
 """``/shards`` answers as bytes: the reads of ``taskdata.index`` for a host slice, cached and wrapped.
 
-A step's reads can be computed for one host slice alone (``taskdata.index.step_reads``) or for all its
-slices at once (``taskdata.index.step_slices``, ~2.5x the time of one slice at 8 slices, since most of
+A step's reads can be computed for one host slice alone (``taskdata.index.step_slices(..., only=i)``) or
+for all its slices at once (``taskdata.index.step_slices``, ~2.5x the time of one slice at 8 slices, since most of
 the cost is per call); both give equal values for a slice (``tests/test_index_reads.py``). Which one a
 request gets depends on how the run's hosts have been asking: when one of the last two steps a run's
 hosts started on was asked for by more than one host (hosts in step, or a pod's lookahead windows), the
@@ -28,7 +28,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from taskdata.index import CacheFiles, RunTables, StepJson, StepReads, StepSlices, step_slice, step_slices
+from taskdata.index import CacheFiles, RunTables, StepJson, StepReads, StepSlices, step_slices
 from taskdata.index.columns import ColumnEncoding
 from taskdata.runs import ResolvedCache, StoredRun
 
@@ -204,7 +204,7 @@ class AnswerCache:
         self, run: str, tables: RunTables, step: int, index: int, count: int
     ) -> tuple[StepSlices, int, _Step | None]:
         """(a ``StepSlices``, the slice's index in it, the step's entry if it holds them): the whole step,
-        or the slice computed alone (``step_reads``), with no entry."""
+        or the slice computed alone (``step_slices(..., only=index)``), with no entry."""
         fingerprint = tables.plan.fingerprint()
         key, run_key = (run, fingerprint, step, count), (run, fingerprint, count)
         with self._lock:
@@ -225,7 +225,7 @@ class AnswerCache:
             slices = entry.slices
         if slices is None:
             if not whole:
-                return step_slice(tables, step, index, count), 0, None
+                return step_slices(tables, step, count, only=index), 0, None
             # An entry pushed out of the LRU meanwhile is dropped with what it holds: the bound stands.
             slices = entry.slices = step_slices(tables, step, count)
         return slices, index, entry

@@ -24,6 +24,7 @@ from server.routers import health, ledger, metrics, runs, shards, tasks
 from server.settings import Settings
 from server.shards_fast import AssignmentService
 from server.state import ServerConfigError, state_of
+from taskdata.cas import ContentionError
 from taskdata.define.registry import Registry, UnknownNameError
 from taskdata.index import PlanError
 from taskdata.names import InvalidNameError
@@ -104,6 +105,7 @@ def create_app(settings: Settings | None = None, registry: Registry | None = Non
     app.add_exception_handler(InvalidNameError, _error(400))
     app.add_exception_handler(UnknownNameError, _error(404))
     app.add_exception_handler(CacheUnavailableError, _error(503))
+    app.add_exception_handler(ContentionError, _error(503))  # a run record other writers kept changing
     app.add_exception_handler(ServerConfigError, _error(500))
     # The last added runs first: metrics see every answer, the guard's refusals included. (The plainly
     # valid GET /shards requests that AssignmentService answers at the door get both checks there.)

@@ -369,6 +369,11 @@ class RunDetail(_Model):
     examples_per_data_shard: dict[str, int] = Field(
         description="Examples each data shard reads per step at the start and end of the schedule."
     )
+    served_before: int = Field(
+        ge=0,
+        description="Servers answer steps of the run below this only (they raise it before answering later "
+        "ones): a new stage must start at or after it. 0 for a run of the runs file, which never changes.",
+    )
 
 
 # --- /runs/{name}/ledger and /summary -----------------------------------------------------------

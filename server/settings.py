@@ -80,8 +80,15 @@ class Settings(BaseSettings):
         ge=0,
         le=3600,
         description="How often a stored run's file is read again, to see stages appended by another "
-        "replica or by 'taskdata plan --add-stage' (a new stage must start after its trainers' current "
-        "step plus what they fetch in this time).",
+        "replica or by 'taskdata plan --add-stage'.",
+    )
+    run_reserve_steps: int = Field(
+        64,
+        ge=1,
+        le=1_000_000,
+        description="Steps a server reserves past a request for a stored run's steps beyond its served_before "
+        "(one write of the run's record per this many steps): a new stage must start after the last step "
+        "served plus up to this many.",
     )
     first_use_wait_seconds: float = Field(
         20.0,

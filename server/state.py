@@ -4,7 +4,9 @@ Runs come from two places: the runs file of the settings (read-only, loaded at s
 root's ``_runs/`` folder (``POST /runs``, ``taskdata plan``), shared by every replica. A name means one
 plan in both; a conflict between them stops the server at start. A stored run may gain stages while the
 server runs (``POST /runs/{run}/stages`` on any replica, ``taskdata plan --add-stage``): the store reads
-its file again every ``run_refresh_seconds``.
+its file again every ``run_refresh_seconds``, and before it answers a step at or after the stored run's
+``served_before`` it raises that in the run's record (``RunStore.reserve``), so that no stage appended later
+can change a step any replica answered.
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ def build_state(settings: Settings, registry: Registry | None = None) -> ServerS
             stored = store.get(name)
         except RunError as error:
             raise ServerConfigError(f"Run {name!r} of {settings.runs_file}: {error}") from None
-        if stored is not None and stored.to_dict() != run.to_dict():
+        if stored is not None and stored.plan.to_dict() != run.plan.to_dict():
             raise ServerConfigError(
                 f"Run {name!r} of {settings.runs_file} differs from the stored run {store.path(name)} (fingerprints "
                 f"{run.plan.fingerprint()} and {stored.plan.fingerprint()}). A name means one plan: rename one."

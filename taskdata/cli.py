@@ -197,13 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--epoch-order",
-        choices=("feistel", "block", "windowed"),
         default=None,
-        help="order of epochs after the first: 'windowed' (the default, with --block-size 64: shuffled blocks of "
-        "contiguous records, each dealt out over --block-size steps at one place of the batch; one request per "
-        "block for a client that knows that many steps ahead), 'block' (the same blocks read together: a "
-        "block's records share a batch every epoch) or 'feistel' (per record: every later-epoch example is "
-        "its own ranged read)",
+        metavar="KIND",
+        help="order of epochs after the first (taskdata.index.orders): 'windowed' (the default of new runs, with "
+        "--block-size 64 and --width the largest batch: shuffled blocks of contiguous records, each dealt out over "
+        "--block-size steps at one place of the batch; one request per block for a client that knows that many "
+        "steps ahead), 'block' (the same blocks read together: a block's records share a batch every epoch) or "
+        "'feistel' (per record: every later-epoch example is its own ranged read)",
     )
     p.add_argument("--block-size", type=int, default=None,
                    help="records per block of --epoch-order block or windowed")
@@ -439,6 +439,9 @@ def _cmd_vocab_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
+    from taskdata.extras import require
+
+    require("apache_beam", "cache", "taskdata cache")
     from taskdata.beam.job import CacheOptions, run_cache_job
     from taskdata.define.mixture import Mixture
 
@@ -614,7 +617,15 @@ def _verify_root(root: str, level: Level, workers: int) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from taskdata.index import BatchSchedule, EpochOrder, SkipRange, parse_stage, reads_bound, requests_bound
+    from taskdata.index import (
+        BatchSchedule,
+        PlanError,
+        SkipRange,
+        epoch_order,
+        parse_stage,
+        reads_bound,
+        requests_bound,
+    )
     from taskdata.runs import RunStore, build_run, default_epoch_order
 
     if args.add_stage:
@@ -625,15 +636,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                if getattr(args, flag) is None]
     if missing:
         raise ValueError(f"Creating run {args.name!r} needs {', '.join(missing)} (or --add-stage to extend it).")
-    if args.epoch_order == "block" and args.block_size is None:
-        raise ValueError("--epoch-order block needs --block-size N (records per block), e.g. --block-size 64.")
-    if args.epoch_order == "feistel" and args.block_size is not None:
-        raise ValueError(
-            f"--block-size {args.block_size} applies to --epoch-order block or windowed only; add one of them or "
-            "drop --block-size."
-        )
-    if args.epoch_order in ("feistel", "block") and args.width is not None:
-        raise ValueError(f"--width {args.width} applies to --epoch-order windowed only; add it or drop --width.")
 
     skip = []
     for text in args.skip:
@@ -648,15 +650,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         start=args.batch_size, end=end, ramp_steps=args.ramp_steps, multiple_of=args.multiple_of
     )
     stages = [parse_stage(text) for text in args.stage]
-    epoch_order: EpochOrder | None = None  # the default of new runs: windowed (build_run)
-    if args.epoch_order == "feistel":
-        epoch_order = EpochOrder()
-    elif args.epoch_order == "block":
-        epoch_order = EpochOrder.blocks(args.block_size)
-    elif args.block_size is not None or args.width is not None:
+    # The order's options, from the flags that name them (each order checks which it takes); no order named
+    # is the default of new runs (build_run), whose options the flags may change.
+    kind = args.epoch_order
+    options = {name: value for name, value in (("block_size", args.block_size), ("width", args.width))
+               if value is not None}
+    order = None
+    if kind == "windowed" or (kind is None and options):
         default = default_epoch_order(schedule, stages)
-        epoch_order = EpochOrder("windowed", default.block_size if args.block_size is None else args.block_size,
-                                 default.width if args.width is None else args.width)
+        kind, options = "windowed", {"block_size": default.block_size, "width": default.width, **options}
+    if kind is not None:
+        try:
+            order = epoch_order(kind, **options)
+        except PlanError as error:
+            raise ValueError(f"--epoch-order {kind}: {error}") from None
     root = args.cache_root or _config(args).cache_root
     run = build_run(
         _registry(args),
@@ -670,7 +677,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         split=args.split,
         stages=stages,
         warn=lambda message: print(f"taskdata plan: warning: {message}", file=sys.stderr),
-        epoch_order=epoch_order,
+        epoch_order=order,
     )
     store = RunStore(root)
     created = store.create(run)
@@ -845,6 +852,9 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from taskdata.extras import require
+
+    require("fastapi", "server", "taskdata serve")
     import uvicorn
 
     from server.main import create_app
@@ -952,6 +962,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())  # --module finds the current folder's packages, as 'python -m' does
     from taskdata.beam.job import CacheJobError  # light: Beam itself is imported only when a job runs
     from taskdata.cache.ranges import RangeReadError
+    from taskdata.cas import ContentionError
     from taskdata.define.registry import UnknownNameError
     from taskdata.exits import run_command
     from taskdata.fingerprint import FingerprintError
@@ -961,7 +972,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"taskdata {args.command}",
         lambda: args.run(args),
         usage_errors=(ValueError, UnknownNameError, OSError, ImportError, FingerprintError),
-        data_errors=(CacheJobError, RangeReadError),
+        data_errors=(CacheJobError, RangeReadError, ContentionError),
         debug=debug,
     )
 

@@ -50,7 +50,7 @@ def make_plan(readers: dict[str, CacheReader], name: str, num_data_shards: int, 
 
 def build_root(root: str) -> dict[str, str]:
     """Toy caches under ``root`` and the runs of ``RUNS`` (plus 'other_seed'); returns task -> version dir."""
-    from tests.test_cache_job import build
+    from tests.cache_helpers import build
 
     dirs = {task: build(root, task=task, num_shards=3).version_dir for task in TASKS}
     readers = {task: CacheReader(d) for task, d in dirs.items()}

@@ -6,6 +6,7 @@
 - The server never builds caches (no ``taskdata.beam``); server and client meet only over HTTP.
 - Only entry points read the environment: ``taskdata.config`` (for them), the CLI, the server's
   settings and the example trainer; and ``taskdata.seqio_bridge.runtime`` sets one variable for seqio.
+- No test module imports another test module (or a conftest): shared builders live in helper modules.
 """
 
 from __future__ import annotations
@@ -37,11 +38,29 @@ def _is_package(name: str) -> bool:
     return MODULES.get(name, Path()).name == "__init__.py"
 
 
-def _imports(name: str, path: Path) -> set[str]:
-    """Every module ``name`` imports (at any depth of the file), internal or not, as dotted names."""
+def _module_level(tree: ast.AST) -> list[ast.AST]:
+    """The nodes of a module that run when it is imported: not function bodies (nor TYPE_CHECKING blocks)."""
+    out: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
+    return out
+
+
+def _imports(name: str, path: Path, *, at_import: bool = False) -> set[str]:
+    """Every module ``name`` imports (at any depth of the file; with ``at_import``, only what runs when it
+    is imported), internal or not, as dotted names."""
     tree = ast.parse(path.read_text(), str(path))
     out: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _module_level(tree) if at_import else ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -133,6 +152,38 @@ def test_the_server_never_builds_caches_and_meets_the_client_only_over_http():
     assert _offenders("trainer_client", ("server", "taskdata.beam", "apache_beam", "fastapi")) == {}
 
 
+def _loaded_with(name: str) -> set[str]:
+    """Every module importing ``name`` loads (what its module level and its internal modules' import)."""
+    seen, todo, external = set(), [name], set()
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for imported in _imports(module, MODULES[module], at_import=True):
+            parents = [".".join(imported.split(".")[:i]) for i in range(1, imported.count(".") + 2)]
+            internal = [p for p in parents if p in MODULES]
+            todo.extend(internal)
+            if not internal:
+                external.add(imported.split(".")[0])
+    return external
+
+
+HEAVY = ("tensorflow", "tensorflow_text", "apache_beam", "seqio")
+
+
+def test_the_trainer_client_loads_no_tensorflow_beam_or_seqio():
+    # 'pip install taskdata[client]' installs none of them: a trainer host imports the client, reads caches
+    # (locally, on gs://, through the server) and builds arrays without them. tf_dataset imports TensorFlow
+    # when called; the t5x dataset function runs where t5x (and so seqio) is installed.
+    loaded = {name: sorted(_loaded_with(name) & set(HEAVY)) for name in MODULES
+              if name.startswith("trainer_client") and name != "trainer_client.t5x_dataset"}
+    assert {name: heavy for name, heavy in loaded.items() if heavy} == {}
+    # Negative control: what a module loads includes its own module-level imports and its modules' ones.
+    assert "grain" in _loaded_with("trainer_client.grain_dataset")
+    assert "orbax" in _loaded_with("trainer_client.example.checkpoint")  # itself and through orbax_state
+
+
 ENVIRONMENT_READERS = {
     "taskdata.config", "taskdata.cli", "server.settings", "trainer_client.example.train",
     # Not a reader but the one compatibility write: it sets protobuf's TEMPORARILY_DISABLE_PROTOBUF_VERSION_CHECK
@@ -159,3 +210,48 @@ def test_only_the_seqio_bridge_imports_seqio_and_only_through_import_seqio():
     importers = {name for name, path in MODULES.items()
                  if any(m == "seqio" or m.startswith("seqio.") for m in _imports(name, path))}
     assert importers == {"taskdata.seqio_bridge.runtime"}
+
+
+# --- The tests themselves -------------------------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+
+
+def _test_modules_imported(source: str, package: str = "tests") -> list[str]:
+    """The test modules (``tests.test_*``) and conftests that ``source``, a module of ``tests``, imports."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = package if node.level else (node.module or "")
+            if node.level and node.module:
+                module = f"{package}.{node.module}"
+            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if len(parts) > 1 and parts[0] == package and parts[1].startswith(("test_", "conftest")):
+                found.append(f"{package}.{parts[1]}")
+    return sorted(set(found))
+
+
+def test_no_test_module_imports_another_test_module():
+    # Shared builders and fixtures live in tests/conftest.py or in helper modules (tests/cache_helpers.py,
+    # tests/run_helpers.py...): importing a test module collects its tests and fixtures a second time.
+    offenders = {str(path.relative_to(ROOT)): hits for path in sorted(TESTS.rglob("*.py"))
+                 if (hits := _test_modules_imported(path.read_text()))}
+    assert offenders == {}, (
+        f"{offenders}: move what they share into tests/conftest.py (fixtures) or a helper module under tests/ "
+        "whose name does not start with test_")
+
+
+def test_the_test_import_finder_finds_every_form():  # the negative control of the test above
+    assert _test_modules_imported("from tests.test_cache_job import build") == ["tests.test_cache_job"]
+    assert _test_modules_imported("from tests import test_sentence_task, helpers") == ["tests.test_sentence_task"]
+    assert _test_modules_imported("import tests.test_runs as runs") == ["tests.test_runs"]
+    assert _test_modules_imported("from .test_server import TOKEN") == ["tests.test_server"]
+    assert _test_modules_imported("from . import test_server") == ["tests.test_server"]
+    assert _test_modules_imported("def f():\n    from tests.conftest import x") == ["tests.conftest"]
+    assert _test_modules_imported("from tests.cache_helpers import build\nimport testing.test_x") == []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from taskdata.cache.verify import verify_version
-from tests.test_cache_job import files_of
+from tests.cache_helpers import files_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,6 +29,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.timeout(900)  # longer than the default: minutes on a loaded machine
 @pytest.mark.slow
 def test_sigkill_at_random_moments_never_leaves_a_complete_looking_partial_cache(tmp_path):
     reference_root = tmp_path / "reference"

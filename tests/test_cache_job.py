@@ -6,19 +6,17 @@ import hashlib
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from taskdata.beam.job import CacheJobError, CacheOptions, run_cache_job
-from taskdata.cache.format import load_manifest
+from taskdata.beam.job import CacheJobError
 from taskdata.cache.reader import CacheReader
-from taskdata.cache.tfrecord import iter_records
 from taskdata.define.registry import Registry
 from taskdata.define.task import Task
 from taskdata.example import decode_example
+from tests.cache_helpers import MODULE, Killed, build, files_of, records_of
 from tests.cache_tasks import FEATURES, EncodeText
 
-MODULE = "tests.cache_tasks"
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 
 @pytest.fixture(autouse=True)
@@ -26,33 +24,6 @@ def _worker_import_path(monkeypatch):
     # Beam's worker processes import the task module by name.
     root = str(Path(__file__).resolve().parent.parent)
     monkeypatch.setenv("PYTHONPATH", root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
-def build(output, task="toy_det", seed=0, beam_args=(), logs=None, **kwargs):
-    registry = Registry()
-    registry.load_module(MODULE)
-    options = CacheOptions(task=task, output=str(output), seed=seed, modules=(MODULE,), beam_args=tuple(beam_args),
-                           progress=False, **kwargs)
-    return run_cache_job(options, registry, log=(logs.append if logs is not None else lambda m: None))
-
-
-def files_of(version_dir: str) -> dict[str, bytes]:
-    root = Path(version_dir)
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def records_of(version_dir: str, split: str = "train") -> list[bytes]:
-    manifest = load_manifest(version_dir)
-    out = []
-    for shard in manifest.split(split).shards:
-        with open(os.path.join(version_dir, shard.file), "rb") as f:
-            out.extend(iter_records(f, shard.file))
-    return out
-
-
-def origins(example: dict) -> np.ndarray:
-    """A decoded record's provenance/origin as [examples, 4]: source shard, ordinal, first document, documents after it."""
-    return example["provenance/origin"].reshape(-1, 4)
 
 
 def content_hash(record: bytes) -> str:
@@ -227,22 +198,18 @@ def test_duplicate_shuffle_keys_are_an_error(tmp_path):
         write_output_shard(spec, "train", 0, segments)
 
 
-class _Killed(BaseException):
-    """Stands for SIGKILL at one exact moment: nothing after it runs."""
-
-
 def _die_before_current_moves(monkeypatch):
-    from taskdata import fs
+    from taskdata import cas
 
-    write_atomic = fs.write_atomic
+    swap = cas.swap
 
-    def dying(path, data):
-        if path.endswith("/CURRENT"):
-            raise _Killed(path)
-        write_atomic(path, data)
+    def dying(version, data):
+        if version.path.endswith("/CURRENT"):
+            raise Killed(version.path)
+        return swap(version, data)
 
-    monkeypatch.setattr(fs, "write_atomic", dying)
-    return lambda: monkeypatch.setattr(fs, "write_atomic", write_atomic)
+    monkeypatch.setattr(cas, "swap", dying)
+    return lambda: monkeypatch.setattr(cas, "swap", swap)
 
 
 def _two_text_dirs(tmp_path):
@@ -260,7 +227,7 @@ def test_a_rerun_that_reuses_a_version_moves_current_to_it_after_a_crash_between
     old = build(tmp_path / "cache", task="toy_text", num_shards=2)
     monkeypatch.setenv("TASKDATA_TEST_TEXT_DIR", str(b))
     revive = _die_before_current_moves(monkeypatch)
-    with pytest.raises(_Killed):
+    with pytest.raises(Killed):
         build(tmp_path / "cache", task="toy_text", num_shards=2)
     revive()
     pointer = tmp_path / "cache" / "toy_text" / "CURRENT"

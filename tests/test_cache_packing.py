@@ -22,8 +22,10 @@ from taskdata.cache.format import (
 from taskdata.evaluation import CacheTargets
 from taskdata.example import decode_example
 from taskdata.example.packing import trim_to_length, unpack_row
+from tests.cache_helpers import build, examples_by_id, files_of, origins, records_of
 from tests.cache_tasks import PACKED_LENGTHS, SEQUENCE_LENGTHS
-from tests.test_cache_job import build, files_of, origins, records_of
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 
 @pytest.fixture(autouse=True)
@@ -37,20 +39,6 @@ def caches(tmp_path_factory):
     """toy_det's examples (seed 0) and the same examples packed (toy_packed, seed 0), 3 shards each."""
     root = tmp_path_factory.mktemp("packing")
     return build(root / "plain", task="toy_det", num_shards=3), build(root / "packed", task="toy_packed", num_shards=3)
-
-
-def examples_by_id(version_dir, split="train"):
-    """(source shard, ordinal) -> (inputs, targets) of every example, unpacking packed rows."""
-    manifest = load_manifest(version_dir)
-    out = {}
-    for record in records_of(version_dir, split):
-        row = decode_example(record)
-        ids = [tuple(origin) for origin in origins(row)[:, :2].tolist()]
-        parts = unpack_row(row, manifest.packed_features, len(ids)) if manifest.packing else [row]
-        for key, part in zip(ids, parts, strict=True):
-            assert key not in out, f"example {key} is stored twice"
-            out[key] = (part["inputs"].tolist(), part["targets"].tolist())
-    return out
 
 
 def trimmed(examples):

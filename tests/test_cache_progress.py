@@ -27,6 +27,7 @@ def test_stage_two_counts_records_written_of_the_examples_read():
         JobProgress(11, 10, 0, 0, 8, 0)
 
 
+@pytest.mark.slow
 def test_a_cache_job_reports_each_stage_and_ends_with_a_summary(tmp_path):
     from taskdata.beam.job import CacheOptions, run_cache_job
     from taskdata.config import Config

@@ -21,6 +21,7 @@ def run_cli(*args: str, home: Path) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=120)
 
 
+@pytest.mark.slow
 def test_list_and_help_import_no_heavy_library_and_build_nothing(tmp_path):
     code = (
         "import sys\n"
@@ -65,6 +66,7 @@ def test_inspect_prints_decoded_examples_with_their_ids(capsys):
     assert "targets (decoded): 'validation 0.0: " in out
 
 
+@pytest.mark.slow
 def test_unknown_name_is_one_clear_line_and_exit_2(tmp_path):
     result = run_cli("show", "c4_span_corruptoin", home=tmp_path)
     assert result.returncode == 2
@@ -74,6 +76,7 @@ def test_unknown_name_is_one_clear_line_and_exit_2(tmp_path):
         "Use 'taskdata list' to see registered names, or pass --module to import the module that registers it.")
 
 
+@pytest.mark.slow
 def test_path_like_name_is_rejected(tmp_path):
     result = run_cli("inspect", "..:..:etc", home=tmp_path)
     assert result.returncode == 2 and "Invalid task or mixture name '..:..:etc'" in result.stderr

@@ -26,6 +26,8 @@ from taskdata.exits import (
 )
 from tests.client_helpers import free_port
 
+pytestmark = pytest.mark.slow  # subprocesses, servers
+
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "tests.cache_tasks"
 

@@ -10,7 +10,9 @@ import pytest
 from taskdata.cli import main
 from taskdata.index import BatchSchedule, PlanError, Stage, global_batch, parse_stage
 from taskdata.runs import RunStore
-from tests.test_runs import shared_caches
+from tests.run_helpers import shared_caches
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 
 @pytest.fixture(scope="module")

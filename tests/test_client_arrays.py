@@ -31,6 +31,8 @@ from trainer_client.example.optimizer import init_opt_state, make_optimizer, opt
 from trainer_client.local_source import LocalAssignments  # noqa: E402
 from trainer_client.reading import BatchReader  # noqa: E402
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 @pytest.fixture(scope="module")
 def batches(tmp_path_factory):

@@ -11,10 +11,12 @@ from taskdata.index import assign, to_json
 from taskdata.index.columns import base64_int64
 from taskdata.runs import RunStore
 from tests.client_helpers import serve, shared_root
-from tests.test_index_reads import examples
+from tests.index_references import step_examples
 from trainer_client.assignments import AssignmentError, HostSlice
 from trainer_client.local_source import LocalAssignments
 from trainer_client.server_source import ServerAssignments
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def test_local_instructions_follow_the_index_math_example_by_example(root):
         for d in range(4):
             (reads,) = source.fetch(step, 1, HostSlice(d, 4))
             expected = assign(plan, step, d)
-            assert examples(reads) == [(e.task, e.shard, e.record) for e in expected.examples], (step, d)
+            assert step_examples(reads) == [(e.task, e.shard, e.record) for e in expected.examples], (step, d)
             assert reads.positions == expected.positions
 
 
@@ -54,11 +56,11 @@ def test_a_coarser_slice_reads_the_union_of_its_data_shards_as_one(root):
         halves = [source.fetch(step, 1, HostSlice(h, 2))[0] for h in range(2)]
         (whole,) = source.fetch(step, 1, HostSlice(0, 1))
         for h, half in enumerate(halves):
-            assert examples(half) == examples(quarters[2 * h]) + examples(quarters[2 * h + 1])
+            assert step_examples(half) == step_examples(quarters[2 * h]) + step_examples(quarters[2 * h + 1])
             assert half.positions == range(
                 quarters[2 * h].positions.start, quarters[2 * h + 1].positions.stop
             )
-        assert examples(whole) == [e for q in quarters for e in examples(q)]
+        assert step_examples(whole) == [e for q in quarters for e in step_examples(q)]
 
 
 @pytest.mark.parametrize("encoding", ["compact", "base64"])

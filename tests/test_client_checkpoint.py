@@ -70,6 +70,7 @@ def save_steps(directory: str, steps, keep: int = 2) -> None:
     manager.close()
 
 
+@pytest.mark.slow  # seconds
 def test_round_trip_restores_parameters_optax_state_and_data_state_exactly(tmp_path):
     save_steps(str(tmp_path), [7])
     manager = checkpoint_manager(str(tmp_path), 2)  # a fresh manager, as a restarted trainer opens it

@@ -19,6 +19,8 @@ import pytest
 
 from tests.client_helpers import LENGTHS, client_env, shared_root
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 SCRIPT = """
 import atexit, threading
 

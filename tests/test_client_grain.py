@@ -17,6 +17,8 @@ from trainer_client.iterator import DataIterator, DataState, ResumeError
 from trainer_client.local_source import LocalAssignments
 from trainer_client.orbax_state import DataCheckpointRestore, DataCheckpointSave
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):

@@ -20,6 +20,8 @@ from trainer_client.iterator import DataIterator, DataState, ResumeError
 from trainer_client.local_source import LocalAssignments
 from trainer_client.server_source import ServerAssignments
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam), servers
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):

@@ -41,6 +41,7 @@ def manager(path) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(str(path), options=ocp.CheckpointManagerOptions(enable_async_checkpointing=True))
 
 
+@pytest.mark.slow
 def test_the_data_state_is_saved_in_the_same_orbax_step_as_the_model_state(root, tmp_path):
     params = {"w": jax.numpy.arange(6.0)}
     with iterator(root) as it, manager(tmp_path) as mngr:
@@ -55,6 +56,7 @@ def test_the_data_state_is_saved_in_the_same_orbax_step_as_the_model_state(root,
     assert json.loads(text) == {"fingerprint": fingerprint, "step": 3} and len(text.encode()) < 1024
 
 
+@pytest.mark.slow
 def test_restoring_moves_a_fresh_iterator_to_the_saved_step(root, tmp_path):
     with iterator(root) as it, manager(tmp_path) as mngr:
         uninterrupted = [next(it) for _ in range(8)]
@@ -71,6 +73,7 @@ def test_restoring_moves_a_fresh_iterator_to_the_saved_step(root, tmp_path):
         assert mngr.restore(5, args=ocp.args.Composite(data=DataCheckpointRestore()))["data"].step == 5
 
 
+@pytest.mark.slow
 def test_a_state_of_another_run_is_refused_with_the_iterators_error_and_changes_nothing(root, tmp_path):
     with iterator(root) as it, manager(tmp_path) as mngr:
         next(it), next(it)

@@ -19,8 +19,8 @@ from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.evaluation.targets import CacheTargets
 from taskdata.index import BatchSchedule, SkipRange
 from taskdata.runs import RunStore, build_run
+from tests.cache_helpers import build
 from tests.client_helpers import MODEL_ARGS, Trainer, shared_compilation_cache, trainers
-from tests.test_cache_job import build
 from trainer_client.assignments import AssignmentError
 from trainer_client.example.model import ModelConfig, init_params, loss_fn
 from trainer_client.example.predict import (
@@ -33,6 +33,8 @@ from trainer_client.example.predict import (
     targets_vocabulary,
 )
 from trainer_client.local_source import LocalAssignments
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 CONFIG = ModelConfig(vocab_size=512, d_model=16, num_heads=2, head_dim=8, d_ff=32)
 VALIDATION_RECORDS = 87  # toy_random's validation split (tests.cache_tasks)
@@ -184,6 +186,7 @@ def test_predict_run_decodes_every_row_with_the_targets_vocabulary(root, registr
     assert rows == [{"id": i, "prediction": p} for i, p in zip(ids, expected, strict=True)]
 
 
+@pytest.mark.timeout(900)  # longer than the default: minutes on a loaded machine
 @pytest.mark.slow
 def test_trainer_writes_predictions_that_taskdata_eval_scores_as_partial(
     root, tmp_path, tmp_path_factory, capsys

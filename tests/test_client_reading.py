@@ -20,6 +20,8 @@ from trainer_client.assignments import AssignmentError, HostSlice
 from trainer_client.local_source import LocalAssignments
 from trainer_client.reading import BatchReader
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
@@ -111,7 +113,7 @@ def test_a_uri_that_is_not_the_named_shard_is_refused(root):
 
 
 def test_a_cache_with_other_bytes_than_the_plan_pins_is_refused(tmp_path, root):
-    from tests.test_cache_job import build
+    from tests.cache_helpers import build
 
     source, reader = source_and_reader(root)
     step = source.fetch(0, 1, HostSlice(0, 4))[0]
@@ -142,22 +144,22 @@ def test_a_block_order_run_reads_each_read_with_one_request_within_the_stated_bo
     # Later epochs of a block-order run: the host batch is still exactly the examples read one by one, the
     # reads per step stay within the plan's bound, and the client makes at most one ranged request per read.
     import taskdata.cache.reader as reader_module
-    from taskdata.index import EpochOrder, reads_bound
+    from taskdata.index import BlockOrder, reads_bound
     from taskdata.runs import StoredRun
 
-    plan = dataclasses.replace(RunStore(root).get("mix4").plan, name="blocks", epoch_order=EpochOrder.blocks(4))
+    plan = dataclasses.replace(RunStore(root).get("mix4").plan, name="blocks", epoch_order=BlockOrder(4))
     source = LocalAssignments.from_cache_root(StoredRun(plan), root)
     reader = BatchReader(source.run_info(), LENGTHS)
     caches = CacheResolver(root).resolve_run(RunStore(root).get("mix4"))
     readers = {c.task: CacheReader(c.version_dir) for c in caches}
     requests: list[int] = []
-    real_read_runs = reader_module._read_runs
+    real_read_extents = reader_module._read_extents
 
     def counting(fd, begins, sizes):
         requests.append(len(begins))
-        return real_read_runs(fd, begins, sizes)
+        return real_read_extents(fd, begins, sizes)
 
-    monkeypatch.setattr(reader_module, "_read_runs", counting)
+    monkeypatch.setattr(reader_module, "_read_extents", counting)
     bound = reads_bound(plan, 4)
     for step in (0, 30, 333, 10**6):
         for index in range(4):

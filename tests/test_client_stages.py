@@ -22,6 +22,8 @@ from trainer_client.iterator import DataIterator, DataState, ResumeError
 from trainer_client.local_source import LocalAssignments
 from trainer_client.server_source import ServerAssignments
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 RATES = {"toy_det": 1, "toy_random": 0}
 
 
@@ -98,7 +100,8 @@ def test_a_checkpoint_never_resumes_after_a_change_to_the_steps_it_trained(root)
 
 
 def test_a_trainer_goes_on_under_a_stage_appended_ahead_of_it(root):
-    with serve(root, run_refresh_seconds=0) as url:
+    # The server reserves 2 steps past each request beyond its reservation: a stage may start close ahead.
+    with serve(root, run_refresh_seconds=0, run_reserve_steps=2) as url:
         source = ServerAssignments(url, "live")
         with DataIterator(source, LENGTHS, host_slice=HostSlice(1, 2), lookahead=2, prefetch=1, stop_step=40) as it:
             seen = [(b.step, b.features) for _, b in zip(range(5), it, strict=False)]
@@ -164,7 +167,7 @@ def test_a_tf_dataset_built_with_static_rows_names_a_stage_appended_since_that_c
 
     from trainer_client.tfdata import tf_dataset
 
-    with serve(root, run_refresh_seconds=0) as url:
+    with serve(root, run_refresh_seconds=0, run_reserve_steps=2) as url:
         dataset = tf_dataset(ServerAssignments(url, "live"), LENGTHS, host_slice=HostSlice(1, 2), lookahead=2,
                              prefetch=1, stop_step=40)
         assert dataset.element_spec["inputs"].shape[0] == GLOBAL_BATCH // 2

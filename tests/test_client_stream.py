@@ -10,13 +10,14 @@ from taskdata.cache.format import CacheFormatError
 from taskdata.cache.reader import CacheReader
 from taskdata.example import pad_features
 from taskdata.index import BatchSchedule, RunPlan, TaskCache, assign
+from tests.cache_helpers import build, sequential_records
 from tests.client_helpers import LENGTHS
-from tests.test_cache_job import build
-from tests.test_reader import sequential_records
 from trainer_client.assignments import HostSlice
 from trainer_client.digest import row_digests
 from trainer_client.local_source import LocalAssignments
 from trainer_client.reading import BatchReader
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,8 @@ from tests.client_helpers import (
 from trainer_client.example.batch_log import read_batch_log, read_batch_log_lines
 from trainer_client.example.checkpoint import committed_steps
 
+pytestmark = pytest.mark.timeout(900)  # trainers: minutes each on a loaded machine
+
 STARTUP = 180  # seconds a trainer may take to start, compile and finish its steps on a loaded 2-core machine
 
 

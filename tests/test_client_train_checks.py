@@ -51,6 +51,7 @@ def test_compiled_step_memory_grows_with_the_batch():
     assert large.total_bytes > 100 * small.total_bytes // 8 > 0
 
 
+@pytest.mark.slow
 def test_the_trainer_refuses_a_batch_it_cannot_hold_before_training(tmp_path_factory, tmp_path, capsys):
     root = shared_root(tmp_path_factory)
     args = ["--cache-root", root, "--run", "mix4", "--steps", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),

@@ -30,6 +30,8 @@ from trainer_client.read_workers import (
 )
 from trainer_client.reading import BatchReader
 
+pytestmark = pytest.mark.slow  # cache jobs (Beam), subprocesses
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):

@@ -19,6 +19,8 @@ from taskdata.define.vocabularies import SentencePieceVocabulary
 from taskdata.sources import C4Source
 from taskdata.tasks import corpus
 
+pytestmark = pytest.mark.slow  # subprocesses
+
 SMALL = dict(num_train_docs=240, num_validation_docs=40, train_files=3, validation_files=2)
 SMALL_PARAMS = corpus.CorpusParameters(**SMALL)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

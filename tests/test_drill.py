@@ -44,6 +44,7 @@ def test_config_refuses_a_kill_before_the_first_checkpoint_or_after_the_end(tmp_
     assert DrillConfig(work_dir=str(tmp_path), steps=12).kill_step == 6
 
 
+@pytest.mark.timeout(1200)  # longer than the default: minutes on a loaded machine
 @pytest.mark.slow
 def test_small_drill_passes_every_stage_and_leaves_no_process(tmp_path):
     bucket = unique_bucket()
@@ -83,6 +84,7 @@ def test_small_drill_passes_every_stage_and_leaves_no_process(tmp_path):
     assert evaluation["targets_source"]["cache"] == f"gs://{bucket}/cache"
 
 
+@pytest.mark.slow
 def test_a_failing_stage_is_named_and_every_process_it_started_is_stopped(tmp_path):
     bucket = unique_bucket()
     # 40 documents cannot give 30,000 pieces: 'taskdata vocab train' fails after the emulator started.

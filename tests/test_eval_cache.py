@@ -10,7 +10,9 @@ from taskdata.cli import main
 from taskdata.define.registry import Registry
 from taskdata.evaluation import SourceTargets
 from taskdata.evaluation.targets import CacheTargets
-from tests.test_cache_job import build
+from tests.cache_helpers import build
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,15 @@ from taskdata import example as example_codec
 from taskdata.example import batch as example_batch
 from taskdata.example import wire
 from taskdata.example.batch import ExampleDecodeError, RaggedFeature
-from tests.test_example_codec import (
+from tests.example_helpers import (
     INT64,
-    _assert_same,
-    _example,
-    _message,
-    _varint,
+    assert_same,
     byte_lists,
+    example_message,
     float_arrays,
     int_arrays,
+    message,
+    varint,
 )
 
 
@@ -74,7 +74,7 @@ def test_batches_of_one_layout_never_take_the_per_record_path(monkeypatch):
         {"z": [i, -i, 2**40], "a": "t" * i, "m": np.full(i, 0.5), "e": np.arange(i % 3)} for i in range(50)
     ]
     records = [example_codec.encode_example(r) for r in rows]
-    reordered = [_example(list(reversed(_entries(r)))) for r in records]
+    reordered = [example_message(list(reversed(_entries(r)))) for r in records]
     for batch_records in (records, reordered):
         spec = {"z": "int64", "a": "string", "m": "float32", "e": "int32"}
         batch = example_batch.decode_batch(batch_records, spec)
@@ -109,21 +109,21 @@ def test_records_with_different_layouts_in_one_batch_still_decode():
 
 
 def test_unpacked_lists_unknown_fields_and_any_field_order_decode_like_protobuf():
-    unpacked_ints = _message(
-        (3, 2, _message((1, 0, 5), (1, 0, 2**64 - 2), (1, 2, _varint(7) + _varint(300))))
+    unpacked_ints = message(
+        (3, 2, message((1, 0, 5), (1, 0, 2**64 - 2), (1, 2, varint(7) + varint(300))))
     )
-    unpacked_floats = _message(
-        (2, 2, _message((1, 5, np.float32(1.5).tobytes()), (1, 2, np.float32(-2).tobytes())))
+    unpacked_floats = message(
+        (2, 2, message((1, 5, np.float32(1.5).tobytes()), (1, 2, np.float32(-2).tobytes())))
     )
-    bytes_feature = _message((1, 2, _message((1, 2, b"a"), (9, 0, 1), (1, 2, b"b"))))  # unknown field 9
-    record = _example([(b"ints", unpacked_ints), (b"floats", unpacked_floats), (b"text", bytes_feature)])
-    record += _message((15, 5, b"\x00\x00\x00\x00"))  # an unknown top-level fixed32 field
+    bytes_feature = message((1, 2, message((1, 2, b"a"), (9, 0, 1), (1, 2, b"b"))))  # unknown field 9
+    record = example_message([(b"ints", unpacked_ints), (b"floats", unpacked_floats), (b"text", bytes_feature)])
+    record += message((15, 5, b"\x00\x00\x00\x00"))  # an unknown top-level fixed32 field
     expected = {
         "ints": np.array([5, -2, 7, 300], dtype=np.int64),
         "floats": np.array([1.5, -2.0], dtype=np.float32),
         "text": [b"a", b"b"],
     }
-    _assert_same(example_codec.decode_example(record), expected)
+    assert_same(example_codec.decode_example(record), expected)
     batch = example_batch.decode_batch(
         [record, record], {"ints": "int64", "floats": "float32", "text": "string"}
     )
@@ -139,13 +139,13 @@ def test_unpacked_lists_unknown_fields_and_any_field_order_decode_like_protobuf(
         (b"\x0b", "unsupported wire type 3"),
         (b"\x08\x01", "Example.features at byte 1 has wire type 0"),
         (b"\x00", "field number 0"),
-        (_example([(b"k", _message((3, 2, b"\x0a\x02\x80\x80")))]), "runs past the end"),
-        (_example([(b"k", _message((3, 2, b"\x0a\x0b" + b"\xff" * 10 + b"\x01")))]), "longer than 10 bytes"),
-        (_example([(b"k", _message((3, 2, b"\x0a\x0a" + b"\xff" * 9 + b"\x02")))]), "overflows 64 bits"),
-        (_example([(b"k", _message((2, 2, b"\x0a\x03abc")))]), "not a multiple of 4"),
-        (_example([(b"k", _message((3, 2, _message((1, 5, b"abcd")))))]), "wrong wire type 5"),
-        (_example([(b"k", _message((3, 0, 1)))]), "has wire type 0, expected 2"),
-        (_example([(b"\xff", _message((3, 2, b"")))]), "not valid UTF-8"),
+        (example_message([(b"k", message((3, 2, b"\x0a\x02\x80\x80")))]), "runs past the end"),
+        (example_message([(b"k", message((3, 2, b"\x0a\x0b" + b"\xff" * 10 + b"\x01")))]), "longer than 10 bytes"),
+        (example_message([(b"k", message((3, 2, b"\x0a\x0a" + b"\xff" * 9 + b"\x02")))]), "overflows 64 bits"),
+        (example_message([(b"k", message((2, 2, b"\x0a\x03abc")))]), "not a multiple of 4"),
+        (example_message([(b"k", message((3, 2, message((1, 5, b"abcd")))))]), "wrong wire type 5"),
+        (example_message([(b"k", message((3, 0, 1)))]), "has wire type 0, expected 2"),
+        (example_message([(b"\xff", message((3, 2, b"")))]), "not valid UTF-8"),
     ],
 )
 def test_malformed_examples_raise_value_errors_saying_what_is_wrong(record, message):
@@ -157,8 +157,8 @@ def test_malformed_examples_raise_value_errors_saying_what_is_wrong(record, mess
 
 
 def test_a_damaged_feature_outside_the_spec_does_not_fail_the_batch():
-    bad = _message((3, 2, b"\x0a\x02\x80\x80"))  # an int list whose varint runs off its end
-    record = _example([(b"bad", bad), (b"ok", _message((3, 2, _message((1, 2, _varint(5))))))])
+    bad = message((3, 2, b"\x0a\x02\x80\x80"))  # an int list whose varint runs off its end
+    record = example_message([(b"bad", bad), (b"ok", message((3, 2, message((1, 2, varint(5))))))])
     with pytest.raises(ValueError, match="runs past the end"):
         example_codec.decode_example(record)
     for records in ([record], [record, example_codec.encode_example({"ok": [6]})]):

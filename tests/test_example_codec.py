@@ -11,6 +11,16 @@ from hypothesis import strategies as st
 from taskdata import example as example_codec
 from taskdata.example import batch as example_batch
 from taskdata.example import encode, wire
+from tests.example_helpers import (
+    INT64,
+    assert_same,
+    byte_lists,
+    example_message,
+    float_arrays,
+    int_arrays,
+    message,
+    varint,
+)
 
 # Recipe (TensorFlow 2.21): tf.train.Example(features=tf.train.Features(feature={
 #   "ids": Feature(int64_list=Int64List(value=[1, 300, -1])), "text": Feature(bytes_list=BytesList(value=[b"hi"])),
@@ -20,47 +30,6 @@ GOLDEN = bytes.fromhex(
     "0812060a040000003f"
 )
 GOLDEN_FEATURES = {"w": 0.5, "text": "hi", "ids": [1, 300, -1]}
-INT64 = np.iinfo(np.int64)
-
-
-def _varint(value: int) -> bytes:
-    value &= 2**64 - 1
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _message(*fields: tuple[int, int, bytes | int]) -> bytes:
-    """Hand-written protobuf: (field, wire type, payload) with payload an int for wire type 0."""
-    out = b""
-    for field, wire_type, payload in fields:
-        out += _varint(field << 3 | wire_type)
-        if wire_type == 0:
-            out += _varint(payload)
-        elif wire_type == 2:
-            out += _varint(len(payload)) + payload
-        else:
-            out += payload
-    return out
-
-
-def _example(entries: list[tuple[bytes, bytes]]) -> bytes:
-    """An Example whose Features hold the given (key, serialized Feature) map entries, in order."""
-    features = b"".join(_message((1, 2, _message((1, 2, k), (2, 2, f)))) for k, f in entries)
-    return _message((1, 2, features))
-
-
-def _assert_same(decoded: dict, expected: dict) -> None:
-    assert sorted(decoded) == sorted(expected)
-    for name, value in expected.items():
-        if isinstance(value, list):
-            assert decoded[name] == value, name
-        else:
-            assert decoded[name].dtype == value.dtype, name
-            np.testing.assert_array_equal(decoded[name], value, err_msg=name)
 
 
 def test_encoding_is_byte_identical_to_tensorflows_deterministic_serialization():
@@ -69,7 +38,7 @@ def test_encoding_is_byte_identical_to_tensorflows_deterministic_serialization()
 
 def test_golden_bytes_decode_to_the_recipe_values():
     decoded = example_codec.decode_example(GOLDEN)
-    _assert_same(
+    assert_same(
         decoded,
         {
             "ids": np.array([1, 300, -1], dtype=np.int64),
@@ -103,7 +72,7 @@ def test_values_of_every_supported_type_encode_to_their_kind():
             }
         )
     )
-    _assert_same(
+    assert_same(
         decoded,
         {
             "bool": np.array([1, 0]),
@@ -137,13 +106,6 @@ def test_unencodable_values_are_errors_naming_the_feature(features, message):
         example_codec.encode_example(features)
 
 
-int_arrays = st.lists(st.integers(INT64.min, INT64.max), max_size=40).map(
-    lambda v: np.array(v, dtype=np.int64)
-)
-float_arrays = st.lists(st.floats(width=32, allow_nan=False), max_size=20).map(
-    lambda v: np.array(v, dtype=np.float32)
-)
-byte_lists = st.lists(st.binary(max_size=20), min_size=1, max_size=5)
 feature_dicts = st.dictionaries(
     st.text(min_size=0, max_size=8), st.one_of(int_arrays, float_arrays, byte_lists), max_size=6
 )
@@ -153,18 +115,18 @@ feature_dicts = st.dictionaries(
 @given(feature_dicts)
 def test_encode_then_decode_round_trips(features):
     decoded = example_codec.decode_example(example_codec.encode_example(features))
-    _assert_same(decoded, features)
+    assert_same(decoded, features)
 
 
 def test_protobuf_merge_rules_apply_to_repeated_keys_and_kinds():
-    first = _message((3, 2, _message((1, 2, _varint(1)))))
-    second = _message((1, 2, _message((1, 2, b"z"))))
-    record = _example([(b"k", first), (b"k", second)])  # the same key twice: the last entry wins
+    first = message((3, 2, message((1, 2, varint(1)))))
+    second = message((1, 2, message((1, 2, b"z"))))
+    record = example_message([(b"k", first), (b"k", second)])  # the same key twice: the last entry wins
     assert example_codec.decode_example(record) == {"k": [b"z"]}
     # Within one Feature, a second member of the oneof replaces the first; the same member merges.
-    feature = _message((3, 2, _message((1, 0, 1))), (3, 2, _message((1, 0, 2))))
-    assert example_codec.decode_example(_example([(b"k", feature)]))["k"].tolist() == [1, 2]
-    empty = example_codec.decode_example(_example([(b"k", b"")]))
+    feature = message((3, 2, message((1, 0, 1))), (3, 2, message((1, 0, 2))))
+    assert example_codec.decode_example(example_message([(b"k", feature)]))["k"].tolist() == [1, 2]
+    empty = example_codec.decode_example(example_message([(b"k", b"")]))
     assert empty == {"k": []}
 
 
@@ -174,7 +136,7 @@ def test_long_packed_lists_use_the_vectorized_decoder_with_the_same_errors():
     )
     record = example_codec.encode_example({"k": np.tile(values, 5)})
     np.testing.assert_array_equal(example_codec.decode_example(record)["k"], np.tile(values, 5))
-    truncated = _example([(b"k", _message((3, 2, _message((1, 2, b"\x01" * 40 + b"\x80")))))])
+    truncated = example_message([(b"k", message((3, 2, message((1, 2, b"\x01" * 40 + b"\x80")))))])
     with pytest.raises(ValueError, match="ends inside a varint"):
         example_codec.decode_example(truncated)
 
@@ -196,7 +158,7 @@ def test_has_kind():
 
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
 def _reference_encode(features: dict) -> bytes:
@@ -209,7 +171,7 @@ def _reference_encode(features: dict) -> bytes:
             if value.dtype.kind == "f":
                 number, payload = 2, value.astype("<f4").tobytes()
             else:
-                number, payload = 3, b"".join(_varint(v) for v in value.tolist())
+                number, payload = 3, b"".join(varint(v) for v in value.tolist())
             feature = _field(number, _field(1, payload) if payload else b"")
         entries += _field(1, _field(1, key.encode()) + _field(2, feature))
     return _field(1, entries)
@@ -292,7 +254,7 @@ def test_the_fast_varint_paths_equal_the_general_one(array):
     rows = encode._varint_rows(unsigned) if len(unsigned) else np.zeros((0, 1), dtype=np.uint8)
     general = encode._squeeze(rows.tobytes(), rows.shape[1])
     assert encode._packed_ints(array) == general
-    assert general == b"".join(_varint(v) for v in unsigned.tolist())
+    assert general == b"".join(varint(v) for v in unsigned.tolist())
 
 
 @pytest.mark.parametrize(
@@ -308,7 +270,7 @@ def test_the_fast_varint_paths_equal_the_general_one(array):
 )
 def test_every_varint_path_writes_protobufs_varints(values):
     assert encode._packed_ints(values) == b"".join(
-        _varint(v) for v in values.astype(np.int64).tolist()
+        varint(v) for v in values.astype(np.int64).tolist()
     )
 
 
@@ -418,7 +380,7 @@ def test_tensorflow_serializations_decode_to_the_same_values(tf):
     example = _tf_example(tf, TF_FEATURES)
     # Non-deterministic serialization: map entries in whatever order protobuf chose.
     for data in (example.SerializeToString(), example.SerializeToString(deterministic=True)):
-        _assert_same(example_codec.decode_example(data), TF_FEATURES)
+        assert_same(example_codec.decode_example(data), TF_FEATURES)
         batch = example_codec.decode_batch(
             [data, data], {"inputs": "int32", "text": "string", "big": "int64"}
         )

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from taskdata import example as example_codec
 from taskdata.example import decode_padded
-from tests.test_example_codec import _example, _message, _varint
+from tests.example_helpers import example_message, message, varint
 
 LENGTHS = {"inputs": 12, "targets": 5}
 
@@ -121,9 +121,9 @@ def test_records_the_fast_path_must_refuse_go_to_the_generic_path(change, why):
 
 def test_other_serializations_of_the_same_example_go_to_the_generic_path():
     # An unpacked Int64List and a feature map entry with its fields swapped: valid, but not the layout.
-    unpacked_list = b"".join(_message((1, 0, v)) for v in (5, 6))
-    unpacked = _example([(b"inputs", _message((3, 2, unpacked_list))),
-                         (b"targets", _message((3, 2, _message((1, 2, _varint(7))))))])  # fmt: skip
+    unpacked_list = b"".join(message((1, 0, v)) for v in (5, 6))
+    unpacked = example_message([(b"inputs", message((3, 2, unpacked_list))),
+                         (b"targets", message((3, 2, message((1, 2, varint(7))))))])  # fmt: skip
     plain = example_codec.encode_example({"inputs": [5, 6], "targets": [7]})
     buffer, starts, ends = spans([plain, unpacked])
     assert decode_padded(buffer, starts, ends, LENGTHS) is None

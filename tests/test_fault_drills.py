@@ -16,6 +16,7 @@ def test_the_runner_finds_every_cache_drill():
     assert {name for name, _ in cache.DRILLS} <= set(names) and len(names) == len(set(names))
 
 
+@pytest.mark.slow
 def test_byte_flips_in_every_stratum_are_detected_and_located_by_verify_and_the_reader():
     counts = cache.byte_flips(per_stratum=15, seed=3)
     assert counts.pop("ok") is True
@@ -23,6 +24,7 @@ def test_byte_flips_in_every_stratum_are_detected_and_located_by_verify_and_the_
         assert counts[stratum] == {key: 15 for key in counts[stratum]}, (stratum, counts[stratum])
 
 
+@pytest.mark.slow
 def test_structural_damage_is_detected_and_located():
     counts = cache.structural_damage(truncations=4, swaps=4, seed=3)
     assert counts.pop("ok") is True
@@ -45,6 +47,7 @@ def test_a_kill_between_completed_and_current_is_caught_by_plan_and_finished_by_
     assert counts == {**dict.fromkeys(counts, 1), "ok": True}
 
 
+@pytest.mark.timeout(900)  # longer than the default: minutes on a loaded machine
 @pytest.mark.slow
 @pytest.mark.parametrize("multi_process", [False, True])
 def test_random_sigkills_never_leave_a_partial_cache_that_looks_complete(multi_process):

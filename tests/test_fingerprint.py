@@ -13,6 +13,7 @@ def test_fingerprint_is_stable_for_the_same_definition():
     assert make_task().fingerprint() == make_task().fingerprint()
 
 
+@pytest.mark.slow
 def test_fingerprint_is_the_same_in_another_process():
     code = "from tests.helpers import make_task; print(make_task().fingerprint())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

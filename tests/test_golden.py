@@ -4,10 +4,12 @@ Recipe (everything below is deterministic; change a pinned value only with a for
 version bump, and say why in the commit):
 
 - caches: ``tests.cache_tasks`` tasks ``toy_det`` and ``toy_random``, split train, seed 0, 3 shards
-  each, built with the in-process Beam runner (``tests.test_cache_job.build``);
+  each, built with the in-process Beam runner (``tests.cache_helpers.build``);
 - run ``golden``: both tasks at rates 1:3, seed 5, global batch 16, 4 data shards;
+- run ``golden_block``: the same, with the block epoch order (blocks of 2 records) and a stage from step 50
+  on (rates 1:1, global batch 32);
 - ``/shards`` of host 1 of 4 at steps 0-1 (epoch 0), 100-101 (later epochs) and 10**15 (far out),
-  in both encodings; version folder names and the cache root are replaced by placeholders, because
+  in every encoding; version folder names and the cache root are replaced by placeholders, because
   they hold the build time and a temporary path.
 
 History: cache format 2 (offsets sidecars list every record's data CRC) left the shard bytes as they
@@ -19,6 +21,7 @@ manifest) changed the shard bytes, the manifests and the byte offsets in the bod
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -28,9 +31,12 @@ from fastapi.testclient import TestClient
 from server.main import create_app
 from server.settings import Settings
 from taskdata.cache.reader import CacheReader
-from taskdata.index import BatchSchedule, RunPlan, TaskCache
+from taskdata.index import BatchSchedule, BlockOrder, RunPlan, Stage, TaskCache
 from taskdata.runs import RunStore, StoredRun
-from tests.test_cache_job import build
+from tests.cache_helpers import build
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 
 # Changed by issue 21 (cache format taskdata.cache/4): records carry one compact provenance/origin feature
 # instead of seqio-style provenance features, and the manifest lists each split's source files.
@@ -65,6 +71,19 @@ SHARDS_BODY_SHA256 = {
     "100/base64": "71eb5ee4d197045a0e4042c7e83e9f54f8c08906ab529d7057b385ddf03b39af",
     "1000000000000000/ints": "664923d3122d97ad228c0e0068ba492e7227b856aaf86b256b1c07c38eaf2523",
     "1000000000000000/base64": "43b8b764779f6b45dc23440504c8c3eed8922f629d8b65e843661fd9cf87bd58",
+    # Pinned by issue 36 before the index package's redesign, from the code as it was (4a51cea):
+    "0/compact": "8531ee79a7c740e2508cb2036513daa76b0cf1ff98a6e4e8771f935e0cd37e78",
+    "100/compact": "42135cc55f9939647f5692cb23e5b7494f203a181c9047fe2ec70fa2aeb23a0b",
+    "1000000000000000/compact": "03a2eed78dc04608045e9a4a04edad0137edc03270a2b9396fa81e763721e850",
+    "golden_block/0/ints": "bbee68dd5d02a90a18408e047f9ef4ca20abe308273db576a2e4fcab711c5af9",
+    "golden_block/0/base64": "47f574614a5673bab890a1d62c093a318ce348d3f10c7e5d12a09ced4e5c111e",
+    "golden_block/0/compact": "099889ee4b19e07d771e32914f402565f29f2c86f8e0e2bd3ab28ac89b2e5a1f",
+    "golden_block/100/ints": "5455db652f8b43d3fe35333e11ff9d2cb10018aa0e7aa635f9d5ff2cb1418079",
+    "golden_block/100/base64": "b0432658f625c35cec5dfacb390f31f963152876fda541f69ef8d4439169ad88",
+    "golden_block/100/compact": "3fa89c327a855b26742f08d2efede6137343ce17be10a927d0d98ba7dd6837c7",
+    "golden_block/1000000000000000/ints": "1cd1802767936f8b7a671a4691f21911d072134609a441e9680830ecf63cfeea",
+    "golden_block/1000000000000000/base64": "bebe676321dfbbc233820fc5e4aa808aaedcf94fdd3e05c0d0b486937996d157",
+    "golden_block/1000000000000000/compact": "438d32ce3023153dacb45787d4c48459a31c21ec22fd93a971c8f79b41671a54",
 }
 
 
@@ -82,7 +101,10 @@ def golden(tmp_path_factory):
         schedule=BatchSchedule(start=16, end=16),
         num_data_shards=4,
     )
-    RunStore(str(root)).create(StoredRun(plan))
+    store = RunStore(str(root))
+    store.create(StoredRun(plan))
+    stage = Stage(50, rates={"toy_det": 1, "toy_random": 1}, schedule=BatchSchedule.constant(32))
+    store.create(StoredRun(dataclasses.replace(plan, name="golden_block", epoch_order=BlockOrder(2), stages=(stage,))))
     return root, dirs
 
 
@@ -105,17 +127,19 @@ def test_shard_bytes_are_pinned(golden):
     assert got == SHARD_SHA256
 
 
-@pytest.mark.parametrize("encoding", ["ints", "base64"])
+@pytest.mark.parametrize("encoding", ["ints", "base64", "compact"])
 @pytest.mark.parametrize("step", [0, 100, 10**15])
-def test_shards_bodies_are_pinned(golden, step, encoding):
+@pytest.mark.parametrize("run", ["golden", "golden_block"])
+def test_shards_bodies_are_pinned(golden, run, step, encoding):
     root, dirs = golden
     app = create_app(Settings(cache_root=str(root)))
     with TestClient(app) as client:
-        params = {"run": "golden", "host": 1, "num_hosts": 4, "step": step, "steps": 2, "encoding": encoding}
+        params = {"run": run, "host": 1, "num_hosts": 4, "step": step, "steps": 2, "encoding": encoding}
         response = client.get("/shards", params=params)
     assert response.status_code == 200, response.text
     body = _normalised(response.content, root, dirs)
-    assert hashlib.sha256(body).hexdigest() == SHARDS_BODY_SHA256.get(f"{step}/{encoding}"), body[:400]
+    key = f"{step}/{encoding}" if run == "golden" else f"{run}/{step}/{encoding}"
+    assert hashlib.sha256(body).hexdigest() == SHARDS_BODY_SHA256.get(key), (key, body[:400])
 
 
 # Span corruption's records, made in columns (ExampleBatch, issue 21): pinned from the per-example code

@@ -17,9 +17,9 @@ from taskdata.index import (
     TaskCache,
     assign,
     examples_at,
+    extents,
     global_batch,
     locate_example,
-    read_runs,
     slice_positions,
 )
 
@@ -59,10 +59,10 @@ def test_golden_first_steps_of_a_two_task_mixture() -> None:
     assert [as_tuples(other, s) for s in range(2, 5)] != [as_tuples(plan, s) for s in range(2, 5)]
 
 
-def test_golden_read_runs() -> None:
+def test_golden_extents() -> None:
     assignment = assign(golden_plan(), 0, 1)
     assert assignment.positions == range(2, 4)
-    assert [(r.task, r.shard, r.first_record, r.count) for r in assignment.runs] == [("a", 0, 1, 2)]
+    assert [(r.task, r.shard, r.first_record, r.count) for r in assignment.extents] == [("a", 0, 1, 2)]
 
 
 def mixed_plan(**overrides: Any) -> RunPlan:
@@ -124,7 +124,7 @@ def test_skipped_steps_deliver_nothing_and_shift_nothing() -> None:
             assert got.skipped == (step in (3, 4))
             assert got.positions == slice_positions(plain, step, host)
             if got.skipped:
-                assert got.examples == () and got.runs == ()
+                assert got.examples == () and got.extents == ()
             else:
                 assert got.examples == assign(plain, step, host).examples
     assert global_batch(skipping, 3) == ()
@@ -150,15 +150,15 @@ def test_every_record_is_read_once_per_epoch() -> None:
     assert [e.index for e in examples[15:30]] != list(range(15))
 
 
-def test_read_runs_expand_back_to_the_examples() -> None:
+def test_extents_expand_back_to_the_examples() -> None:
     plan = mixed_plan()
     for step in (0, 30, 10**6):
         examples = global_batch(plan, step)
-        runs = read_runs(examples)
-        expanded = [(r.task, r.shard, r.first_record + i) for r in runs for i in range(r.count)]
+        found = extents(examples)
+        expanded = [(r.task, r.shard, r.first_record + i) for r in found for i in range(r.count)]
         assert expanded == [(e.task, e.shard, e.record) for e in examples]
-        # Maximal: two neighbouring runs could not have been one.
-        for left, right in itertools.pairwise(runs):
+        # Maximal: two neighbouring extents could not have been one.
+        for left, right in itertools.pairwise(found):
             assert (left.task, left.shard, left.first_record + left.count) != (
                 right.task,
                 right.shard,
@@ -166,7 +166,7 @@ def test_read_runs_expand_back_to_the_examples() -> None:
             )
 
 
-def test_epoch_zero_of_a_single_task_reads_long_runs() -> None:
+def test_epoch_zero_of_a_single_task_reads_long_extents() -> None:
     plan = RunPlan(
         name="single",
         mixture="c4",
@@ -176,9 +176,9 @@ def test_epoch_zero_of_a_single_task_reads_long_runs() -> None:
         schedule=BatchSchedule.constant(512),
         num_data_shards=4,
     )
-    assert [(r.shard, r.first_record, r.count) for r in assign(plan, 1, 3).runs] == [
+    assert [(r.shard, r.first_record, r.count) for r in assign(plan, 1, 3).extents] == [
         (0, 896, 104),
         (1, 0, 24),
     ]
-    later = assign(plan, 9, 0).runs  # epoch 1: a permutation, so mostly runs of one record
+    later = assign(plan, 9, 0).extents  # epoch 1: a permutation, so mostly extents of one record
     assert sum(r.count for r in later) == 128 and len(later) > 100

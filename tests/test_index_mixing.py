@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taskdata.index import Mixing, PlanError
+from tests.index_references import range_task_positions
 
 # Very unequal weights on purpose: 999:1 is the brief's 0.999/0.001.
 weight = st.one_of(st.integers(1, 20), st.sampled_from([1, 999, 1000, 10**6, 10**12]), st.integers(1, 10**9))
@@ -127,12 +128,11 @@ def test_ranges_read_from_the_period_equal_locate(weights: list[int], start: int
     # Small weights: ranges come from one period (short ranges) or by splitting node by node (longer than the
     # kept periods, or ending past 2**63); the positions checked one by one are a sample of the range.
     mixing = Mixing.from_rates(weights)
-    tasks, task_positions = mixing.locate_range(start, start + length)
+    tasks = mixing.tasks_in_range(start, start + length)
+    assert tasks.dtype == np.int64 and len(tasks) == length
+    task_positions = range_task_positions(mixing, start, tasks)
     for i in sorted({0, length // 3, length - 1, *range(0, length, 97)} & set(range(length))):
-        assert (int(tasks[i]), int(task_positions[i])) == mixing.locate(start + i)
-    # The tasks alone, as the index math of a step asks for them: the same array, from the period or not.
-    alone = mixing.tasks_in_range(start, start + length)
-    assert alone.dtype == np.int64 and np.array_equal(alone, tasks)
+        assert (int(tasks[i]), task_positions[i]) == mixing.locate(start + i)
 
 
 @given(weights=st.lists(weight, min_size=1, max_size=4), lap=st.integers(0, 10**12))
@@ -144,3 +144,28 @@ def test_the_interleaving_repeats_every_sum_of_weights(weights: list[int], lap: 
     for p in (0, 1, total // 2, total - 1):
         task, position = mixing.locate(p)
         assert mixing.locate(p + lap * total) == (task, position + lap * mixing.weights[task])
+
+
+range_weights = st.one_of(st.integers(1, 20), st.sampled_from([999, 10**6, 10**12, 10**18]), st.integers(1, 10**9))
+starts = st.one_of(
+    st.integers(0, 10**6),
+    st.integers(0, 10**15),
+    st.integers(2**62, 2**63 + 2**20),  # int64 positions near their limit, and Python ints past it
+)
+
+
+@given(weights=st.lists(range_weights, min_size=1, max_size=6), start=starts, length=st.integers(0, 400))
+@settings(max_examples=200, deadline=None)
+def test_the_tasks_of_a_range_and_its_counts_equal_locate(weights: list[int], start: int, length: int) -> None:
+    mixing = Mixing.from_rates(weights)
+    tasks = mixing.tasks_in_range(start, start + length)
+    assert tasks.dtype == np.int64
+    got = list(zip(tasks.tolist(), range_task_positions(mixing, start, tasks), strict=True))
+    assert got == [mixing.locate(p) for p in range(start, start + length)]
+
+
+def test_tasks_in_range_checks_its_bounds() -> None:
+    with pytest.raises(PlanError, match="A position range must have start <= stop but got start=5, stop=4"):
+        Mixing((1, 2)).tasks_in_range(5, 4)
+    with pytest.raises(PlanError, match="A stream position must be an integer >= 0 but got -1"):
+        Mixing((1, 2)).tasks_in_range(-1, 4)

@@ -132,6 +132,17 @@ def test_skip_ranges_are_sorted_and_merged() -> None:
     assert [plan.next_unskipped_step(s) for s in (4, 5, 9, 10, 24)] == [4, 10, 10, 10, 25]
 
 
+def test_the_step_after_a_number_of_batches_counts_skipped_steps_too() -> None:
+    plan = make_plan(skip=(SkipRange(20, 25), SkipRange(5, 10)))
+    delivered = [s for s in range(40) if not plan.is_skipped(s)]
+    # After n batches read from step 0, the next step is the one after the n-th delivered step.
+    assert [plan.step_after_batches(n) for n in range(1, 25)] == [s + 1 for s in delivered[:24]]
+    assert [plan.step_after_batches(n) for n in (0, 4, 5, 6)] == [0, 4, 5, 11]
+    assert make_plan().step_after_batches(7) == 7
+    with pytest.raises(PlanError, match="must be an integer >= 0"):
+        plan.step_after_batches(-1)
+
+
 def test_hosts_that_share_a_model_replica_share_a_data_shard() -> None:
     assert [data_shard_for_host(h, 8, 2) for h in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert [data_shard_for_host(h, 4, 4) for h in range(4)] == [0, 1, 2, 3]

@@ -32,42 +32,21 @@ from taskdata.index import (
     TaskCache,
     TaskReads,
     assign,
+    chain,
     from_json,
-    host_reads,
     host_slice_for,
-    reads_json,
-    step_reads,
-    step_slice,
+    step_json,
     step_slices,
     to_json,
 )
+from tests.index_references import MemoryTable, step_examples
 
 ENCODINGS = ("ints", "base64", "compact")
 
 
-class MemoryTable:
-    """A ``ShardTable`` in memory: record ``r`` of shard ``s`` takes 16 + (7s + 3r) % 41 bytes."""
-
-    def __init__(self, task: str, counts: tuple[int, ...], version: str = "v1"):
-        self.task, self.version = task, version
-        self.shard_uris = tuple(
-            f"mem://{task}/{version}/train-{s:05d}-of-{len(counts):05d}" for s in range(len(counts))
-        )
-        self.offsets = [
-            np.concatenate(([0], np.cumsum([16 + (7 * s + 3 * r) % 41 for r in range(n)]))).astype(np.int64)
-            for s, n in enumerate(counts)
-        ]
-
-    def byte_range(self, shard: int, first: int, count: int) -> tuple[int, int]:
-        table = self.offsets[shard]
-        return int(table[first]), int(table[first + count] - table[first])
-
-    def byte_ranges(self, shards, firsts, counts):
-        pairs = [
-            self.byte_range(s, f, c)
-            for s, f, c in zip(shards.tolist(), firsts.tolist(), counts.tolist(), strict=True)
-        ]
-        return np.array([p[0] for p in pairs], np.int64), np.array([p[1] for p in pairs], np.int64)
+def step_reads(tables: RunTables, step: int, index: int, count: int) -> StepReads:
+    """Host slice ``index`` of ``count`` at ``step``, computed alone."""
+    return step_slices(tables, step, count, only=index)[0]
 
 
 def make_plan(counts: dict[str, tuple[int, ...]], rates, seed=3, schedule=None, data_shards=4, skip=()):
@@ -95,17 +74,17 @@ def reads_from_assign(tables: RunTables, step: int, index: int, count: int) -> S
     names = list(plan.task_names)
     tasks = []
     for t, name in enumerate(names):
-        runs: list[list[int]] = []
+        extents: list[list[int]] = []
         for e in assignment.examples:
             if e.task != name:
                 continue
-            if runs and runs[-1][0] == e.shard and runs[-1][1] + runs[-1][2] == e.record:
-                runs[-1][2] += 1
+            if extents and extents[-1][0] == e.shard and extents[-1][1] + extents[-1][2] == e.record:
+                extents[-1][2] += 1
             else:
-                runs.append([e.shard, e.record, 1])
-        rows = [[s, f, c, *tables.tables[t].byte_range(s, f, c)] for s, f, c in runs]
+                extents.append([e.shard, e.record, 1])
+        rows = [[s, f, c, *tables.tables[t].byte_range(s, f, c)] for s, f, c in extents]
         columns = np.array(rows, np.int64).reshape(-1, len(READ_COLUMNS)).T.copy()
-        files = np.array(sorted({r[0] for r in runs}), np.int64)
+        files = np.array(sorted({r[0] for r in extents}), np.int64)
         tasks.append(TaskReads(tables.files[t], files, columns))
     return StepReads(
         step=step,
@@ -115,12 +94,6 @@ def reads_from_assign(tables: RunTables, step: int, index: int, count: int) -> S
         tasks=tuple(tasks),
         order=np.array([names.index(e.task) for e in assignment.examples], np.int64),
     )
-
-
-def examples(reads: StepReads) -> list[tuple[str, int, int]]:
-    """(task, shard, record) of every example of a slice, in order."""
-    queues = [iter(zip(*task.records(), strict=True)) for task in reads.tasks]
-    return [(reads.tasks[t].task, *map(int, next(queues[t]))) for t in reads.order.tolist()]
 
 
 def checked(reads: StepReads) -> StepReads:
@@ -175,7 +148,7 @@ def test_the_reads_of_a_host_slice_are_one_value_however_they_are_made(case, cou
         assert checked(reads) == reads  # the index math's values pass every check
         assert reads == reads_from_assign(tables, step, index, count)
         assert whole[index] == reads
-        alone = step_slice(tables, step, index, count)
+        alone = step_slices(tables, step, count, only=index)
         assert len(alone) == 1 and alone[0] == reads
         for encoding in ENCODINGS:
             body = to_json(reads, encoding)
@@ -186,7 +159,7 @@ def test_the_reads_of_a_host_slice_are_one_value_however_they_are_made(case, cou
     # A coarser slice reads the union of the finer slices it covers, in order.
     if count > 1:
         coarse = step_reads(tables, step, 0, 1)
-        assert examples(coarse) == [e for index in range(count) for e in examples(whole[index])]
+        assert step_examples(coarse) == [e for index in range(count) for e in step_examples(whole[index])]
 
 
 @settings(max_examples=60, deadline=None)
@@ -195,7 +168,7 @@ def test_the_scalar_chain_gives_the_arrays_reads(case, count):
     plan, step = case
     tables = tables_of(plan)
     arrays = [step_slices(tables, step, count)[i] for i in range(count)]
-    with mock.patch.object(host_reads, "fits_int64", lambda plan, positions: False):
+    with mock.patch.object(chain, "fits_int64", lambda plan, positions: False):
         scalar = step_slices(tables, step, count)
         assert [scalar[i] for i in range(count)] == arrays
         assert [step_reads(tables, step, i, count) for i in range(count)] == arrays
@@ -242,7 +215,7 @@ def test_step_json_writes_base64_from_the_step_without_cutting_its_slices(count)
         expected = [to_json(step_slices(tables, step, count)[index], "base64") for index in range(count)]
         whole = step_slices(tables, step, count)
         with mock.patch.object(StepSlices, "__getitem__", side_effect=AssertionError("a slice was cut")), \
-                mock.patch.object(reads_json, "to_json", side_effect=AssertionError("to_json was called")):  # fmt: skip
+                mock.patch.object(step_json, "to_json", side_effect=AssertionError("to_json was called")):  # fmt: skip
             assert [StepJson(whole, "base64")[index] for index in range(count)] == expected
 
 

@@ -30,7 +30,7 @@ from taskdata.index import (
     global_batch,
     locate_example,
 )
-from tests.test_index_arrays import reference_assign, reference_examples
+from tests.index_references import range_task_positions, reference_assign, reference_examples
 
 D = 2  # data shards of every drawn plan
 
@@ -143,13 +143,12 @@ def test_positions_and_tasks_equal_the_step_by_step_walk(plan: RunPlan) -> None:
     assert [plan.first_position(s) for s in range(num_steps + 1)] == first
     assert all(plan.step_of(p) == s for s in range(num_steps) for p in (first[s], first[s + 1] - 1))
     stream = brute_stream(plan, num_steps)
-    tasks, positions = plan.mixing.locate_range(0, len(stream))
-    assert list(zip(tasks.tolist(), positions.tolist(), strict=True)) == stream
+    tasks = plan.mixing.tasks_in_range(0, len(stream))
+    assert list(zip(tasks.tolist(), range_task_positions(plan.mixing, 0, tasks), strict=True)) == stream
     # Ranges that cross stage boundaries anywhere, the scalar lookup, and its inverse.
     for a, b in [(0, 1), (3, 50), (len(stream) // 3, len(stream) - 7), (len(stream) - 5, len(stream))]:
-        got = plan.mixing.locate_range(a, b)
-        assert list(zip(got[0].tolist(), got[1].tolist(), strict=True)) == stream[a:b]
-        assert plan.mixing.tasks_in_range(a, b).tolist() == [t for t, _ in stream[a:b]]
+        tasks = plan.mixing.tasks_in_range(a, b)
+        assert list(zip(tasks.tolist(), range_task_positions(plan.mixing, a, tasks), strict=True)) == stream[a:b]
     for p in range(0, len(stream), 7):
         assert plan.mixing.locate(p) == stream[p]
         assert plan.mixing.position_of(*stream[p]) == p
@@ -161,9 +160,10 @@ def test_positions_and_tasks_equal_the_step_by_step_walk(plan: RunPlan) -> None:
 @settings(max_examples=150, deadline=None)
 def test_every_task_stream_continues_across_stages_without_gap_or_repeat(plan: RunPlan) -> None:
     end = plan.first_position(80)
-    tasks, positions = plan.mixing.locate_range(0, end)
+    tasks = plan.mixing.tasks_in_range(0, end)
+    positions = range_task_positions(plan.mixing, 0, tasks)
     for task in range(len(plan.task_names)):
-        mine = positions[tasks == task].tolist()
+        mine = [p for t, p in zip(tasks.tolist(), positions, strict=True) if t == task]
         assert mine == list(range(len(mine)))  # 0, 1, 2, ...: nothing skipped, nothing read twice
         # Epochs are the task's own: every record once per epoch, whatever the stages did to the rates.
         n = plan.layouts[task].num_records
@@ -213,9 +213,8 @@ def test_positions_beyond_int64_are_exact_across_stages() -> None:
     stages = (Stage(big, {"a": 1, "b": 0, "c": 1}), Stage(big + 3, schedule=BatchSchedule.constant(6)))
     plan = make_plan(stages=stages)
     start = plan.first_position(big) - 5
-    tasks, positions = plan.mixing.locate_range(start, start + 40)  # ends past 2**63
-    assert positions.dtype == object
-    assert list(zip(tasks.tolist(), positions.tolist(), strict=True)) == [
+    tasks = plan.mixing.tasks_in_range(start, start + 40)  # ends past 2**63
+    assert list(zip(tasks.tolist(), range_task_positions(plan.mixing, start, tasks), strict=True)) == [
         plan.mixing.locate(p) for p in range(start, start + 40)
     ]
     assert examples_at(plan, range(start, start + 40)) == reference_examples(plan, range(start, start + 40))

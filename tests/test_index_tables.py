@@ -6,12 +6,15 @@ import ast
 import gc
 import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from taskdata.index import BatchSchedule, RunPlan, TaskCache, example_arrays, fits_int64
-from taskdata.index.tables import INT64_LIMIT, PlanTables
+from taskdata.index.tables import INT64_LIMIT, PlanTables, ShardFinder
 
 INDEX_PACKAGE = Path(__file__).resolve().parent.parent / "taskdata" / "index"
 
@@ -111,4 +114,53 @@ def test_the_state_finder_finds_a_global_cache():  # the negative control of the
     assert _module_state("_TABLES: dict[int, object] = {}\nLIMIT = 2**63\nSEEN = set()\n") == [
         "_TABLES",
         "SEEN",
+    ]
+
+
+shard_counts = st.lists(
+    st.lists(st.one_of(st.just(0), st.integers(1, 5), st.integers(1, 10**6)), min_size=1, max_size=30).filter(
+        any
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+@given(counts_per_task=shard_counts, data=st.data())
+@settings(max_examples=200, deadline=None)
+def test_the_shard_finder_equals_a_binary_search(counts_per_task: list[list[int]], data: Any) -> None:
+    finder = ShardFinder([np.array(c, np.int64) for c in counts_per_task])
+    counts = np.array([c for task in counts_per_task for c in task], np.int64)
+    ends = np.cumsum(counts)
+    task_of_shard = np.repeat(np.arange(len(counts_per_task)), [len(c) for c in counts_per_task])
+    picks = data.draw(st.lists(st.integers(0, int(ends[-1]) - 1), min_size=1, max_size=50))
+    # Every shard's first and last record too: the boundaries are where an off-by-one would show.
+    starts = ends - counts
+    edges = [int(x) for s, e in zip(starts, ends, strict=True) if e > s for x in (s, e - 1)]
+    indices = np.array(picks + edges, np.int64)
+    expected = np.searchsorted(ends, indices, side="right")
+    assert finder.find(indices, task_of_shard[expected]).tolist() == expected.tolist()
+
+
+def test_the_shard_finder_takes_few_steps_on_even_layouts_and_falls_back_on_uneven_ones() -> None:
+    rng = np.random.default_rng(0)
+    # A big task of bucketed shards next to a small one with most of its shards empty, as in a mixture.
+    small = np.zeros(65_536, np.int64)
+    small[rng.choice(65_536, 1_000, replace=False)] = 1
+    even = ShardFinder([rng.integers(900, 1_100, 65_536), small])
+    assert even.span <= 3
+    tasks = rng.integers(0, 2, 10_000)
+    indices = np.where(
+        tasks == 0,
+        rng.integers(0, even.record_bases[1], 10_000),
+        even.record_bases[1] + rng.integers(0, 1_000, 10_000),
+    )
+    assert (even.find(indices, tasks) == np.searchsorted(even.ends, indices, side="right")).all()
+    uneven = ShardFinder([np.array([10**9] + [1] * 1000, np.int64)])
+    assert uneven.span > ShardFinder.MAX_SPAN  # binary search then
+    assert uneven.find(np.array([0, 10**9 - 1, 10**9, 10**9 + 999]), np.zeros(4, np.int64)).tolist() == [
+        0,
+        0,
+        1,
+        1000,
     ]

@@ -22,7 +22,9 @@ from taskdata.index import BatchSchedule, SkipRange, Stage, global_batch
 from taskdata.runs import LedgerError, example_ledger, format_summary, open_views, step_ledger, summarize
 from taskdata.runs.plot import plot_run
 from taskdata.seeding import format_example_id, parse_example_id
-from tests.test_runs import mix_run, shared_caches
+from tests.run_helpers import mix_run, shared_caches
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 STAGES = (
     Stage(5, {"toy_det": 1, "toy_random": 0, "toy_text": 3}),

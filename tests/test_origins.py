@@ -42,14 +42,14 @@ from taskdata.cli import main
 from taskdata.example import decode_batch, encode_example
 from taskdata.index import BatchSchedule, RunPlan, TaskCache
 from taskdata.runs import RunStore, StoredRun, example_ledger, open_views, step_ledger
-from tests import test_sentence_task
-from tests.test_cache_job import build, files_of
+from tests.cache_helpers import build, files_of
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 OLD_CACHES = Path(__file__).resolve().parent / "data" / "old_caches" / "format_4_before_origins.tar.gz"
 SHARD = "train.tfrecord-00001-of-00003"
 SIDECAR = f"index/{SHARD}.origins"
 MULTI_PROCESS = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
-c4_folder = test_sentence_task.c4_folder  # the fixture: a small C4 folder
 
 
 @pytest.fixture(autouse=True)

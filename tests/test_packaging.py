@@ -10,15 +10,18 @@ cache job whose workers can only find the task module there.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("taskdata", "server", "trainer_client")  # the packages users import
 
 USER_TASKS = '''
 import dataclasses
@@ -104,3 +107,23 @@ def test_beam_stager_ships_taskdata_and_user_tasks_and_workers_run_them(tmp_path
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert list((tmp_path / "cache" / "user_pkg_task").glob("v*/COMPLETED"))
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_every_package_with_its_py_typed_marker(tmp_path):
+    # Built from what the Dockerfile copies, so that the image's 'pip install .' gets the same wheel.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(tmp_path / "dist"),
+                    str(source)], check=True, capture_output=True, timeout=300)
+    [wheel] = (tmp_path / "dist").glob("taskdata-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    for package in PACKAGES:
+        assert f"{package}/py.typed" in names, f"{package}/py.typed is not in the wheel: PEP 561 checkers ignore it"
+        assert f"{package}/__init__.py" in names
+    assert not any(name.startswith("tests/") for name in names)

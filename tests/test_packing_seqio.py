@@ -12,11 +12,13 @@ import pytest
 from taskdata.example import decode_example
 from taskdata.example.packing import assemble_row, plan_rows, unpack_row
 from taskdata.seqio_bridge import add_cached_task, import_seqio
+from tests.cache_helpers import build, origins, records_of
 from tests.cache_tasks import PACKED_LENGTHS
-from tests.test_cache_job import build, origins, records_of
 
 seqio = import_seqio()
 import tensorflow as tf  # noqa: E402  (after seqio, which import_seqio prepares)
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 BYTES = {"inputs": seqio.Feature(seqio.ByteVocabulary(extra_ids=125)),
          "targets": seqio.Feature(seqio.ByteVocabulary(extra_ids=125))}

@@ -30,7 +30,9 @@ from taskdata.evaluation import CacheTargets
 from taskdata.example import RaggedFeature, decode_example, encode_example
 from taskdata.index import BatchSchedule, RunPlan, TaskCache
 from taskdata.runs import LedgerError, example_ledger, open_views, step_ledger
-from tests.test_cache_job import build, records_of
+from tests.cache_helpers import build, records_of
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 OLD_CACHES = Path(__file__).resolve().parent / "data" / "old_caches" / "formats_2_and_3.tar.gz"
 

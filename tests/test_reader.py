@@ -12,8 +12,10 @@ import pytest
 
 from taskdata.cache.format import CacheFormatError
 from taskdata.cache.reader import CacheReader, feature_spec
-from taskdata.cache.tfrecord import CorruptRecordError, iter_records
-from tests.test_cache_job import build
+from taskdata.cache.tfrecord import CorruptRecordError
+from tests.cache_helpers import build, sequential_records
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,15 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return build(tmp_path_factory.mktemp("reader"), task="toy_random", num_shards=3).version_dir
-
-
-def sequential_records(version_dir: str, split: str = "train") -> list[list[bytes]]:
-    reader = CacheReader(version_dir)
-    shards = []
-    for shard in range(len(reader.record_counts(split))):
-        with open(reader.shard_path(split, shard), "rb") as f:
-            shards.append(list(iter_records(f, "shard")))
-    return shards
 
 
 def test_ranged_reads_equal_sequential_reads(cache):

@@ -59,6 +59,7 @@ def fake_venv(work: Path) -> None:
     (bin_dir / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
 
 
+@pytest.mark.timeout(900)  # longer than the default: minutes on a loaded machine
 @pytest.mark.slow
 def test_the_readme_tour_runs_as_written(tmp_path):
     bash, module = tour_blocks()

@@ -20,7 +20,7 @@ import pytest
 
 from bench.object_store import running_store
 from taskdata.cache.format import find_version
-from taskdata.index import EpochOrder, RunPlan
+from taskdata.index import BlockOrder, RunPlan
 from taskdata.runs import RunStore
 from tests.client_helpers import LENGTHS, REPO, shared_root
 from trainer_client.assignments import HostSlice
@@ -92,7 +92,7 @@ def local_hashes(root: str, plan: RunPlan, *, start: int = 0, stop: int, host=(0
 
 def plans(root: str) -> dict[str, RunPlan]:
     plan = RunStore(root).get("mix4").plan
-    return {"feistel": plan, "block": dataclasses.replace(plan, name="mix4_blocks", epoch_order=EpochOrder.blocks(4))}
+    return {"feistel": plan, "block": dataclasses.replace(plan, name="mix4_blocks", epoch_order=BlockOrder(4))}
 
 
 def instruction_reads(root: str, plan: RunPlan, start: int, stop: int, host=(0, 1)) -> tuple[int, int]:

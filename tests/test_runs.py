@@ -1,7 +1,7 @@
 """Runs next to their caches: plan construction, durable idempotent storage, verified cache resolution.
 
-``shared_caches`` (also used by the server tests) builds three small real caches once per session with
-the in-process Beam runner, like tests/test_cache_job.py; tests that damage a cache work on a copy.
+The caches are tests/run_helpers.py's ``shared_caches`` (built once per session by a Beam job), so the
+whole module is slow; tests that damage a cache work on a copy.
 """
 
 from __future__ import annotations
@@ -10,17 +10,14 @@ import dataclasses
 import hashlib
 import io
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from taskdata.beam.job import CacheOptions, run_cache_job
 from taskdata.cache.format import load_manifest
 from taskdata.cache.tfrecord import iter_records, read_offsets
-from taskdata.define.registry import Registry, UnknownNameError
-from taskdata.define.task import Task
+from taskdata.define.registry import UnknownNameError
 from taskdata.index import BatchSchedule, RunPlan, SkipRange, assign
 from taskdata.names import InvalidNameError
 from taskdata.runs import (
@@ -33,76 +30,19 @@ from taskdata.runs import (
     build_run,
     cache_fingerprint,
 )
+from tests.cache_helpers import MODULE
+from tests.run_helpers import (
+    SHARDS,
+    TASKS,
+    build_caches,
+    copy_caches,
+    current_dir,
+    make_registry,
+    mix_run,
+    shared_caches,
+)
 
-MODULE = "tests.cache_tasks"
-TASKS = ("toy_det", "toy_random", "toy_text")
-_SHARDS = {"toy_det": 3, "toy_random": 4, "toy_text": 2}
-_built: dict[str, Path] = {}
-
-
-def make_registry() -> Registry:
-    """The cache-test tasks, a 3-task mixture of them and a task that is never cached."""
-    from taskdata.sources import FunctionSource
-    from tests.cache_tasks import FEATURES, SPLITS, EncodeText, synthetic_documents
-
-    registry = Registry()
-    registry.load_module(MODULE)
-    registry.add_mixture("toy_mix", [("toy_det", 3), ("toy_random", 2), ("toy_text", 1)])
-    registry.add(Task("toy_uncached", FunctionSource(synthetic_documents, SPLITS), [EncodeText(9)], FEATURES))
-    return registry
-
-
-def build_caches(root: Path, seed: int = 0, tasks: tuple[str, ...] = TASKS) -> None:
-    text_dir = root.parent / f"{root.name}-text"
-    text_dir.mkdir(parents=True, exist_ok=True)
-    for i in range(2):
-        (text_dir / f"part{i}.txt").write_text(
-            "".join(f"line {i}.{j}: some text {j * j}\n" for j in range(30 + i))
-        )
-    repo = str(Path(__file__).resolve().parent.parent)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TASKDATA_TEST_TEXT_DIR", str(text_dir))
-        patch.setenv(
-            "PYTHONPATH", repo + os.pathsep + os.environ.get("PYTHONPATH", "")
-        )  # Beam workers import tasks
-        for task in tasks:
-            options = CacheOptions(
-                task=task,
-                output=str(root),
-                seed=seed,
-                num_shards=_SHARDS[task],
-                splits=("train",),
-                modules=(MODULE,),
-                progress=False,
-            )
-            run_cache_job(options, make_registry(), log=lambda message: None)
-
-
-def shared_caches(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache root with toy_det, toy_random and toy_text (seed 0), built once per session: do not modify."""
-    if "root" not in _built:
-        root = tmp_path_factory.mktemp("shared-caches") / "caches"
-        build_caches(root)
-        _built["root"] = root
-    return _built["root"]
-
-
-def copy_caches(tmp_path_factory: pytest.TempPathFactory, name: str = "caches") -> Path:
-    target = tmp_path_factory.mktemp(name) / "caches"
-    shutil.copytree(shared_caches(tmp_path_factory), target)
-    return target
-
-
-def mix_run(root: Path, name: str = "mix", seed: int = 7, **overrides) -> StoredRun:
-    fields = dict(
-        name=name, mixture="toy_mix", seed=seed, schedule=BatchSchedule.constant(16), num_data_shards=4
-    )
-    fields.update(overrides)
-    return build_run(make_registry(), str(root), **fields)
-
-
-def current_dir(root: Path, task: str) -> Path:
-    return root / task / (root / task / "CURRENT").read_text().strip()
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +63,7 @@ def test_build_run_pins_each_current_version_by_its_manifest_hash_and_counts(cac
         assert plan.caches[task].fingerprint == manifest_hash == cache_fingerprint(str(version))
         assert json.loads((version / "COMPLETED").read_text()) == {"manifest_sha256": manifest_hash}
         counts = load_manifest(str(version)).split("train").record_counts
-        assert plan.caches[task].shard_record_counts == counts and len(counts) == _SHARDS[task]
+        assert plan.caches[task].shard_record_counts == counts and len(counts) == SHARDS[task]
     # Exact: mixtures of floats made these 12500000000000000/24999999999999999, 5555555555555555/16666666666666666, 1/6.
     assert plan.to_dict()["rates"] == {"toy_det": "1/2", "toy_random": "1/3", "toy_text": "1/6"}
 
@@ -210,7 +150,7 @@ def test_store_writes_one_json_file_and_is_idempotent(caches, tmp_path):
     run = mix_run(caches)
     assert store.create(run) is True
     path = tmp_path / "_runs" / "mix.json"
-    assert json.loads(path.read_text()) == run.to_dict() and run.to_dict()["format"] == "taskdata.run/3"
+    assert json.loads(path.read_text()) == run.to_dict() and run.to_dict()["format"] == "taskdata.run/4"
     before = path.read_bytes()
     assert store.create(mix_run(caches)) is False
     assert path.read_bytes() == before
@@ -285,7 +225,8 @@ def test_the_split_is_part_of_the_plan_and_of_its_fingerprint(caches):
     assert train == StoredRun(plan) and validation.split == "validation"
     assert validation.plan.fingerprint() != train.plan.fingerprint()
     assert StoredRun.from_dict(validation.to_dict()) == validation  # taskdata.run/2 on: the split in the plan
-    assert validation.to_dict() == {"format": "taskdata.run/3", "plan": {**before, "split": "validation"}}
+    assert validation.to_dict() == {"format": "taskdata.run/4", "plan": {**before, "split": "validation"},
+                                    "served_before": 0}
     with pytest.raises(RunError, match="has no split of its own"):
         StoredRun.from_dict({"format": "taskdata.run/1", "plan": plan.to_dict(), "split": "train"})
     with pytest.raises(RunError, match=r"Split: Invalid split name '\.\./x'"):
@@ -307,7 +248,7 @@ def test_resolver_loads_offsets_that_locate_every_read(caches):
             assert list(cache.offsets[shard]) == list(expected) and Path(uri).exists()
     for step in range(3):
         assignment = assign(run.plan, step, 1)
-        for read in assignment.runs:
+        for read in assignment.extents:
             cache = resolved[run.plan.task_index(read.task)]
             offset, length = cache.byte_range(read.shard, read.first_record, read.count)
             with open(cache.shard_uris[read.shard], "rb") as f:
@@ -378,7 +319,7 @@ def test_resolved_cache_checks_its_tables(caches):
 
 def test_plan_command_stores_the_block_epoch_order_and_states_its_reads_bound(caches, tmp_path, capsys):
     from taskdata.cli import main
-    from taskdata.index import EpochOrder, reads_bound
+    from taskdata.index import BlockOrder, reads_bound
 
     root = tmp_path / "root"
     shutil.copytree(caches, root)
@@ -387,24 +328,22 @@ def test_plan_command_stores_the_block_epoch_order_and_states_its_reads_bound(ca
     assert main([*argv, "--name", "blocks", "--epoch-order", "block", "--block-size", "4"]) == 0
     out = capsys.readouterr().out
     plan = RunStore(str(root)).get("blocks").plan
-    assert plan.epoch_order == EpochOrder.blocks(4)
+    assert plan.epoch_order == BlockOrder(4)
     assert f"at most {reads_bound(plan, 8)} ranged reads per data shard (8 examples)" in out
     assert main([*argv, "--name", "records", "--epoch-order", "feistel"]) == 0
     records = RunStore(str(root)).get("records").plan
     assert "epoch_order" not in records.to_dict() and records.fingerprint() != plan.fingerprint()
     assert main([*argv, "--name", "x", "--epoch-order", "block"]) == 2
-    assert "--epoch-order block needs --block-size N" in capsys.readouterr().err
-    assert main([*argv, "--name", "x", "--epoch-order", "feistel", "--block-size", "4"]) == 2
-    assert "applies to --epoch-order block or windowed only" in capsys.readouterr().err
-    assert main([*argv, "--name", "x", "--epoch-order", "block", "--block-size", "4", "--width", "4"]) == 2
-    assert "--width 4 applies to --epoch-order windowed only" in capsys.readouterr().err
+    assert "--epoch-order block: The block epoch order takes the options ['block_size'] but got none" in capsys.readouterr().err
+    assert main([*argv, "--name", "x", "--block-size", "4"]) == 2
+    assert "--epoch-order feistel: The feistel epoch order takes no options but got ['block_size']" in capsys.readouterr().err
 
 
 def test_plan_command_stores_the_windowed_order_by_default_and_states_its_requests_and_memory(caches, tmp_path,
                                                                                              capsys):
     from taskdata.cache.reader import CacheReader
     from taskdata.cli import main
-    from taskdata.index import EpochOrder, requests_bound
+    from taskdata.index import WindowedOrder, requests_bound
 
     root = tmp_path / "root"
     shutil.copytree(caches, root)
@@ -412,14 +351,14 @@ def test_plan_command_stores_the_windowed_order_by_default_and_states_its_reques
             "--batch-size", "16", "--num-data-shards", "2"]
     assert main([*argv, "--name", "default"]) == 0
     # New runs read later epochs windowed: blocks of 64, as wide as the largest batch (a ramp's end here).
-    assert RunStore(str(root)).get("default").plan.epoch_order == EpochOrder.windowed(64, 16)
+    assert RunStore(str(root)).get("default").plan.epoch_order == WindowedOrder(64, 16)
     assert main([*argv, "--name", "ramp", "--ramp-to", "32", "--ramp-steps", "10", "--multiple-of", "2"]) == 0
-    assert RunStore(str(root)).get("ramp").plan.epoch_order == EpochOrder.windowed(64, 32)
+    assert RunStore(str(root)).get("ramp").plan.epoch_order == WindowedOrder(64, 32)
     capsys.readouterr()
     assert main([*argv, "--name", "windowed", "--epoch-order", "windowed", "--block-size", "4"]) == 0
     out = capsys.readouterr().out
     plan = RunStore(str(root)).get("windowed").plan
-    assert plan.epoch_order == EpochOrder.windowed(4, 16)
+    assert plan.epoch_order == WindowedOrder(4, 16)
     version = CacheResolver(str(root)).resolve_run(RunStore(str(root)).get("windowed"))[0].version_dir
     largest = CacheReader(version).manifest.split("train").max_record_bytes
     assert "at most 8 ranged reads per data shard (8 examples)" in out
@@ -428,4 +367,4 @@ def test_plan_command_stores_the_windowed_order_by_default_and_states_its_reques
     assert f"keeps at most 32 records for later steps ({32 * largest / 2**20:,.1f} MiB at the caches' largest " \
            f"record of {largest:,} bytes)" in out
     assert main([*argv, "--name", "wide", "--width", "64"]) == 0
-    assert RunStore(str(root)).get("wide").plan.epoch_order == EpochOrder.windowed(64, 64)
+    assert RunStore(str(root)).get("wide").plan.epoch_order == WindowedOrder(64, 64)

@@ -10,7 +10,9 @@ import pytest
 
 from taskdata.index import BatchSchedule, Stage
 from taskdata.runs import RunError, RunStore, StoredRun
-from tests.test_runs import mix_run, shared_caches
+from tests.run_helpers import mix_run, shared_caches
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 RATES = {"toy_det": 1, "toy_random": 0, "toy_text": 2}
 
@@ -27,7 +29,7 @@ def test_a_run_record_of_format_2_loads_as_the_same_plan_with_the_same_fingerpri
     (tmp_path / "_runs" / "mix.json").write_text(json.dumps(old))
     loaded = RunStore(str(tmp_path)).get("mix")
     assert loaded == run and loaded.plan.fingerprint() == run.plan.fingerprint()
-    assert run.to_dict() == {"format": "taskdata.run/3", "plan": old["plan"]}  # no "stages" key: none
+    assert run.to_dict() == {"format": "taskdata.run/4", "plan": old["plan"], "served_before": 0}  # no stages: none
     staged = {"format": "taskdata.run/2", "plan": {**old["plan"], "stages": []}}
     with pytest.raises(RunError, match="'taskdata.run/2' record's plan has no stages"):
         StoredRun.from_dict(staged)
@@ -39,7 +41,7 @@ def test_stages_are_appended_in_order_and_only_ahead_of_the_run(caches, tmp_path
     run, added = store.add_stage("mix", Stage(100, RATES), current_step=90)
     assert added and run.plan.stages == (Stage(100, RATES),)
     record = json.loads((tmp_path / "_runs" / "mix.json").read_text())
-    assert record["format"] == "taskdata.run/3" and record["plan"]["stages"][0]["start"] == 100
+    assert record["format"] == "taskdata.run/4" and record["plan"]["stages"][0]["start"] == 100
     assert RunStore(str(tmp_path)).get("mix") == run
     assert store.add_stage("mix", Stage(100, RATES), current_step=200) == (run, False)  # a retry: unchanged
     with pytest.raises(RunError, match="its current step is 150: .* The earliest step a new stage may start at is 150"):

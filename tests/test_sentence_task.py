@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from taskdata.define.registry import Registry
 from taskdata.preprocessors import SplitSentences
 from taskdata.preprocessors.base import ShardContext
 from taskdata.tasks import register_builtin_tasks
-from tests.test_cache_packing import examples_by_id
+from tests.cache_helpers import examples_by_id
 
 
 def test_split_sentences_gives_one_example_per_sentence_and_keeps_the_document_index():
@@ -38,20 +36,6 @@ def test_the_sentence_task_and_its_packed_variant_are_built_in():
     assert packed.preprocessors == plain.preprocessors
 
 
-@pytest.fixture(scope="module")
-def c4_folder(tmp_path_factory):
-    from tests.conftest import _pydoc_text
-
-    folder = tmp_path_factory.mktemp("c4_sentences")
-    lines = _pydoc_text(40_000)
-    docs = [" ".join(lines[i : i + 12]) for i in range(0, len(lines), 12)]
-    for split, chosen in (("train", docs[:60]), ("validation", docs[60:64])):
-        with gzip.open(folder / f"c4-{split}.00000-of-00001.json.gz", "wt") as out:
-            for doc in chosen:
-                out.write(json.dumps({"text": doc, "timestamp": "2019-04-25T00:00:00Z", "url": "https://x.org"}) + "\n")
-    return folder
-
-
 def _cache(folder, vocab, task, *extra):
     from taskdata.cli import main
 
@@ -61,6 +45,7 @@ def _cache(folder, vocab, task, *extra):
     return current_version(str(root / task))
 
 
+@pytest.mark.slow
 def test_pack_on_the_command_line_stores_the_same_sentences_in_far_fewer_rows(c4_folder, tiny_sp_model, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parent.parent) + os.pathsep
                        + os.environ.get("PYTHONPATH", ""))

@@ -24,7 +24,7 @@ from taskdata.seqio_bridge import (
     import_seqio,
     seqio_shard_seed,
 )
-from tests.test_cache_job import files_of, records_of
+from tests.cache_helpers import files_of, records_of
 
 seqio = import_seqio()
 import tensorflow as tf  # noqa: E402  (after seqio, which import_seqio prepares)
@@ -96,6 +96,7 @@ def test_shard_seeds_are_seqio_cache_tasks_own():
         5180741085723182086, 5161323170248214927, 5200569901194724782]
 
 
+@pytest.mark.slow
 def test_bridged_cache_holds_exactly_the_examples_seqio_cache_tasks_writes(reference):
     seqio_dir, bridged = reference
     for split in ("train", "validation"):
@@ -109,6 +110,7 @@ def test_bridged_cache_holds_exactly_the_examples_seqio_cache_tasks_writes(refer
         (seqio_dir / "stats.train.json").read_text())["examples"]
 
 
+@pytest.mark.slow
 def test_bridged_cache_records_each_example_s_origin_and_the_task_seed_and_sources_once(reference):
     _, bridged = reference
     source_shard, ordinal, first, more = decode_example(records_of(bridged.version_dir)[0])["provenance/origin"].tolist()
@@ -119,12 +121,14 @@ def test_bridged_cache_records_each_example_s_origin_and_the_task_seed_and_sourc
     assert manifest.seed == 7 and manifest.split("train").source_shards == 3
 
 
+@pytest.mark.slow
 def test_rerun_is_byte_identical(reference, tmp_path):
     _, bridged = reference
     again = bridge_build(tmp_path)
     assert files_of(again.version_dir) == files_of(bridged.version_dir)
 
 
+@pytest.mark.timeout(900)  # longer than the default: minutes on a loaded machine
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, workers", [("multi_processing", 2), ("multi_threading", 3)])
 def test_other_runner_modes_and_worker_counts_are_byte_identical(reference, tmp_path, mode, workers):
@@ -134,6 +138,7 @@ def test_other_runner_modes_and_worker_counts_are_byte_identical(reference, tmp_
     assert files_of(again.version_dir) == files_of(bridged.version_dir)
 
 
+@pytest.mark.slow
 def test_another_seed_gives_another_order_and_seqio_s_other_random_draws(reference, tmp_path):
     _, bridged = reference
     other = bridge_build(tmp_path / "a", seed=8)
@@ -187,6 +192,7 @@ def test_fingerprint_covers_source_files_preprocessor_arguments_features_and_voc
 # A bridged task is a task like any other: plan with seqio's mixture rates, serve, read, evaluate.
 
 
+@pytest.mark.slow
 def test_cli_caches_a_seqio_mixture_then_plans_serves_and_reads_it(tmp_path):
     from fastapi.testclient import TestClient
 
@@ -217,6 +223,7 @@ def test_cli_caches_a_seqio_mixture_then_plans_serves_and_reads_it(tmp_path):
     assert batch.features["targets"].shape[0] == 4 and len(step.order) == 4
 
 
+@pytest.mark.slow  # seconds
 def test_eval_uses_the_seqio_task_s_postprocessor_and_metric_functions(tmp_path, capsys):
     from taskdata.cli import main
     from taskdata.evaluation import SourceTargets
@@ -366,6 +373,7 @@ def test_function_and_tf_example_sources_are_described_by_their_parameters(tmp_p
     seqio.TaskRegistry.remove("source_case")
 
 
+@pytest.mark.slow
 def test_a_fresh_command_loads_a_module_that_imports_seqio_plainly():
     import subprocess
     import sys
@@ -379,6 +387,7 @@ def test_a_fresh_command_loads_a_module_that_imports_seqio_plainly():
     assert "mixture  seqio_toy_mix  [seqio_toy_lines=1 (25%), seqio_toy_lines_b=3 (75%)]" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_fresh_beam_worker_loads_a_module_that_imports_seqio_plainly(tmp_path):
     import subprocess
     import sys

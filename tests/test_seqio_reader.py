@@ -16,10 +16,12 @@ import pytest
 from taskdata.cache.format import current_version, list_versions, load_manifest
 from taskdata.cache.reader import CacheReader
 from taskdata.seqio_bridge import SeqioBridgeError, add_cached_task, import_seqio, seqio_cache_location
-from tests.test_cache_job import build, records_of
+from tests.cache_helpers import build, records_of
 
 seqio = import_seqio()
 import tensorflow as tf  # noqa: E402  (after seqio, which import_seqio prepares)
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 ROOT = Path(__file__).resolve().parent.parent
 BYTES = {"inputs": seqio.Feature(seqio.ByteVocabulary(extra_ids=125)),
@@ -148,10 +150,10 @@ def test_enc_dec_feature_converter_batches(toy):
 @pytest.fixture(scope="module")
 def c4_caches(tmp_path_factory, tiny_sp_model):
     from taskdata.cli import main
-    from tests.conftest import _pydoc_text
+    from tests.pydoc_corpus import pydoc_lines
 
     folder = tmp_path_factory.mktemp("c4")
-    lines = _pydoc_text(120_000)
+    lines = pydoc_lines(120_000)
     for split, files in (("train", 2), ("validation", 1)):
         for f in range(files):
             docs = [" ".join(lines[i : i + 12]) for i in range(f * 12 + (0 if split == "train" else 7), len(lines), 24 * files)]

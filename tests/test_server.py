@@ -24,60 +24,35 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from server.assignments import AnswerCache, step_json
-from server.main import create_app
 from server.metrics import BUCKETS
 from server.models import MAX_STEP, ReadColumns, ShardsResponse, TaskReads
 from server.settings import Settings, get_settings
 from taskdata.cache.tfrecord import iter_records
 from taskdata.index import (
-    BatchSchedule,
     RunPlan,
     RunTables,
-    SkipRange,
     assign,
+    chain,
     from_json,
     global_batch,
-    host_reads,
     slice_positions,
-    step_reads,
+    step_slices,
 )
 from taskdata.index.columns import column_values
-from taskdata.runs import build_run
 from tests.helpers import metric_samples
-from tests.test_runs import copy_caches, current_dir, make_registry, mix_run, shared_caches
+from tests.run_helpers import copy_caches, current_dir, mix_run
+from tests.server_helpers import TOKEN, make_app, server_env
 
-TOKEN = "tok-9f8e7d6c5b4a-secret"
-
-
-def solo_run(root: Path):
-    return build_run(
-        make_registry(),
-        str(root),
-        name="solo",
-        mixture="toy_det",
-        seed=3,
-        schedule=BatchSchedule.ramp(4, 8, 6, multiple_of=4),
-        num_data_shards=2,
-        skip=(SkipRange(2, 4),),
-    )
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    root = copy_caches(tmp_path_factory, "server")
-    runs_file = root.parent / "runs.json"
-    mix, solo = mix_run(root), solo_run(root)
-    # One run record and one bare plan: the runs file takes both forms.
-    runs_file.write_text(json.dumps([mix.to_dict(), solo.plan.to_dict()]))
-    text_dir = shared_caches(tmp_path_factory).parent / "caches-text"
-    return types.SimpleNamespace(root=root, runs_file=runs_file, mix=mix, solo=solo, text_dir=text_dir)
+    return server_env(tmp_path_factory)
 
 
 def make_client(env, **settings) -> TestClient:
-    app = create_app(registry=make_registry())
-    fields = {"cache_root": str(env.root), "runs_file": str(env.runs_file), "default_run": "mix", **settings}
-    app.dependency_overrides[get_settings] = lambda: Settings(**fields)
-    return TestClient(app)
+    return TestClient(make_app(env, **settings))
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +186,7 @@ def test_the_scalar_chain_past_int64_writes_the_same_answers_as_the_arrays(clien
     answers = {}
     for fits in (True, False):
         if not fits:
-            monkeypatch.setattr(host_reads, "fits_int64", lambda plan, positions: False)
+            monkeypatch.setattr(chain, "fits_int64", lambda plan, positions: False)
         for name, index, count, step in cases:
             run, _ = state.find_run(name)
             caches = state.resolver.cached(run) or state.resolver.resolve_run(run)
@@ -295,7 +270,7 @@ def test_decoded_answers_equal_the_reads_the_index_math_computes(client, env, en
             for first in (0, 29, 10**9):
                 answer = shards(client, step=first, steps=3, **params)
                 for step in answer["steps"]:
-                    assert from_json(step) == step_reads(tables, step["step"], index, count)
+                    assert from_json(step) == step_slices(tables, step["step"], count, only=index)[0]
 
 
 def test_fewer_hosts_than_data_shards_read_the_union_of_consecutive_data_shards_as_one_slice(client):

@@ -2,7 +2,7 @@
 uvicorn's cycle and the app answer it.
 
 Two copies of the real protocol class run on one asyncio loop over a recording transport (no socket), each
-with its own app over the same caches and runs (tests/test_server.py's): one with the door
+with its own app over the same caches and runs (tests/server_helpers.py's): one with the door
 (``limited_protocol(settings, app)``, what ``taskdata serve`` runs), one without (every request through
 uvicorn's ``RequestResponseCycle`` and the app). The same request bytes must give the same response
 bytes, the ``date`` header aside, and the same metrics.
@@ -23,15 +23,17 @@ from server.protocol import limited_protocol
 from server.settings import Settings
 from taskdata.cli import serve_options
 from tests.helpers import metric_samples
-from tests.test_server import TOKEN
-from tests.test_server import env as server_env
-from tests.test_server_fast import random_requests, service
+from tests.server_helpers import TOKEN, server_env
+from tests.server_helpers import make_app as service
+from tests.shards_fast_helpers import random_requests
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 AUTH = f"authorization: Bearer {TOKEN}\r\n"
 DATE = re.compile(rb"\r\ndate: [^\r]*\r\n")
 SETTLE_SECONDS = 20.0  # how long a test waits for the app's answers before it fails
 
-env = pytest.fixture(scope="module")(server_env.__wrapped__)  # test_server.py's caches and runs
+env = pytest.fixture(scope="module")(server_env)  # tests/server_helpers.py's caches and runs
 
 
 class Transport:

@@ -1,13 +1,12 @@
 """GET /shards at the door (``server.shards_fast``) answers as the whole app does, and the step cache's rules.
 
 The whole app is reached by calling ``FastAPI.__call__`` on an ``AssignmentService``: the middleware, the
-routing and the ``get_shards`` route, as before the door existed. Runs are tests/test_server.py's
+routing and the ``get_shards`` route, as before the door existed. Runs are tests/server_helpers.py's
 (``mix``: 3 tasks, batch 16, 4 data shards; ``solo``: 2 data shards, a ramp and skipped steps).
 """
 
 from __future__ import annotations
 
-import random
 from urllib.parse import parse_qsl
 
 import pytest
@@ -24,17 +23,14 @@ from server.auth import RequestGuard
 from server.main import create_app
 from server.metrics import MetricsMiddleware
 from server.models import MAX_STEP, ShardsQuery
-from server.settings import Settings, get_settings
 from server.shards_fast import AssignmentService, parse_query
-from taskdata.index import PlanError, RunTables, step_reads, to_json
+from taskdata.index import PlanError, RunTables, step_slices, to_json
 from tests.helpers import metric_samples
-from tests.test_runs import make_registry
-from tests.test_server import TOKEN
-from tests.test_server import env as server_env
+from tests.server_helpers import TOKEN, server_env
+from tests.server_helpers import make_app as service
+from tests.shards_fast_helpers import GOOD, random_requests
 
-env = pytest.fixture(scope="module")(server_env.__wrapped__)  # test_server.py's caches and runs
-
-GOOD = {"Authorization": f"Bearer {TOKEN}"}
+env = pytest.fixture(scope="module")(server_env)  # tests/server_helpers.py's caches and runs
 
 
 class WholeApp:
@@ -45,13 +41,6 @@ class WholeApp:
 
     async def __call__(self, scope, receive, send):
         await FastAPI.__call__(self.app, scope, receive, send)
-
-
-def service(env, **overrides) -> AssignmentService:
-    app = create_app(registry=make_registry())
-    fields = {"cache_root": str(env.root), "runs_file": str(env.runs_file), "default_run": "mix", **overrides}
-    app.dependency_overrides[get_settings] = lambda: Settings(**fields)
-    return app
 
 
 # --- parse_query reads what ShardsQuery reads -----------------------------------------------------------
@@ -85,6 +74,7 @@ def validated(query: bytes) -> dict | None:
         return None
 
 
+@pytest.mark.slow  # seconds
 @settings(max_examples=1500, deadline=None)
 @given(query_strings())
 def test_what_the_door_parses_shards_query_validates_to_the_same_values(query):
@@ -112,32 +102,7 @@ def test_the_door_takes_the_queries_trainers_send_and_leaves_the_rest_to_the_rou
 # --- the same answers, statuses, headers and metrics ----------------------------------------------------
 
 
-def random_requests(seed: int, count: int) -> list[tuple[str, dict[str, str]]]:
-    rng = random.Random(seed)
-    requests = []
-    for _ in range(count):
-        params = [
-            ("host", rng.choice(["0", "1", "2", "3", "4", "7", "9", "x", "-1", "01"])),
-            ("step", rng.choice(["0", "1", "2", "3", "5", "9", "1000000", str(MAX_STEP), str(MAX_STEP - 2), "-1"])),
-        ]
-        for name, values in (
-            ("steps", ["1", "2", "4", "64", "65", "0"]),
-            ("run", ["mix", "solo", "nope", "_bad", "mix"]),
-            ("num_hosts", ["1", "2", "4", "8", "3", "0"]),
-            ("encoding", ["ints", "base64", "compact", "hex"]),
-            ("bogus", ["1"]),
-        ):
-            if rng.random() < (0.05 if name == "bogus" else 0.4):
-                params.append((name, rng.choice(values)))
-        rng.shuffle(params)
-        if rng.random() < 0.05:
-            params.append(params[0])  # a parameter twice
-        query = "&".join(f"{name}={value}" for name, value in params)
-        headers = rng.choices([GOOD, {}, {"Authorization": f"Bearer {TOKEN}x"}], weights=(0.9, 0.05, 0.05))[0]
-        requests.append((f"/shards?{query}", headers))
-    return requests
-
-
+@pytest.mark.slow
 def test_the_door_answers_every_request_as_the_whole_app_does(env, monkeypatch):
     door, whole = service(env, token=SecretStr(TOKEN)), service(env, token=SecretStr(TOKEN))
     entered = []  # requests of the door's app that went through FastAPI (the guard, the route)
@@ -175,6 +140,7 @@ def test_the_door_answers_every_request_as_the_whole_app_does(env, monkeypatch):
     assert door_samples["taskdata_http_requests_total"][shards_200] == statuses.count(200)
 
 
+@pytest.mark.slow
 def test_errors_inside_an_answer_go_to_the_apps_handlers_as_from_the_route(env, monkeypatch):
     async def plan_error(state, **fields):
         raise PlanError("No such step in this plan.")
@@ -221,18 +187,18 @@ def tables(env):
 
 
 def counting(monkeypatch) -> dict[str, int]:
-    calls = {"step_slice": 0, "step_slices": 0}
-    for name in calls:
-        real = getattr(assignments, name)
+    calls = {"alone": 0, "whole": 0}
+    real = assignments.step_slices
 
-        def counted(*args, _real=real, _name=name):
-            calls[_name] += 1
-            return _real(*args)
+    def counted(*args, only=None):
+        calls["whole" if only is None else "alone"] += 1
+        return real(*args, only=only)
 
-        monkeypatch.setattr(assignments, name, counted)
+    monkeypatch.setattr(assignments, "step_slices", counted)
     return calls
 
 
+@pytest.mark.slow
 def test_hosts_of_a_step_share_its_index_math_and_lone_requests_compute_their_slice_alone(tables, monkeypatch):
     calls = counting(monkeypatch)
     cache = AnswerCache(0)
@@ -240,36 +206,37 @@ def test_hosts_of_a_step_share_its_index_math_and_lone_requests_compute_their_sl
     def ask(step, hosts):
         for host in hosts:
             body = step_json(cache, "mix", tables, step, host, 4, "base64")
-            assert body == to_json(step_reads(tables, step, host, 4), "base64")
+            assert body == to_json(step_slices(tables, step, 4, only=host)[0], "base64")
 
     ask(5, [2])  # a new step, nothing known of the run: this slice alone
-    assert calls == {"step_slice": 1, "step_slices": 0}
+    assert calls == {"alone": 1, "whole": 0}
     ask(5, [0, 1, 3])  # its second host computes the whole step; the others cut from it
-    assert calls == {"step_slice": 1, "step_slices": 1}
+    assert calls == {"alone": 1, "whole": 1}
     ask(6, [1, 0, 2, 3])  # the run's last new step was shared: the whole of the next at once
-    assert calls == {"step_slice": 1, "step_slices": 2}
+    assert calls == {"alone": 1, "whole": 2}
     ask(7, [0])  # one of the last two was shared: whole (two steps too many when the hosts stop sharing)
     ask(8, [3])
-    assert calls == {"step_slice": 1, "step_slices": 4}
+    assert calls == {"alone": 1, "whole": 4}
     ask(9, [1])  # the last two were asked for once each: alone again
     ask(10, [2])
-    assert calls == {"step_slice": 3, "step_slices": 4}
+    assert calls == {"alone": 3, "whole": 4}
     # Hosts in step again, two steps in flight: the first of a step comes before the second of the step
     # before. Once they share, a new step is computed whole even then.
     ask(12, [0])
     ask(13, [0])
     ask(12, [1, 2, 3])
     ask(13, [1, 2, 3])
-    assert calls == {"step_slice": 5, "step_slices": 6}
+    assert calls == {"alone": 5, "whole": 6}
     ask(14, [0])
     ask(15, [0])  # the step before has one host so far, the one before that all four: whole
     ask(14, [1, 2, 3])
     ask(15, [1, 2, 3])
-    assert calls == {"step_slice": 5, "step_slices": 8}
+    assert calls == {"alone": 5, "whole": 8}
     step_json(cache, "mix", tables, 21, 0, 2, "ints")  # another slice count keeps its own record
-    assert calls["step_slice"] == 6
+    assert calls["alone"] == 6
 
 
+@pytest.mark.slow
 def test_the_step_caches_are_bounded(tables):
     cache = AnswerCache(5)
     for step in range(3 * assignments._STEPS):

@@ -22,7 +22,9 @@ from pydantic import SecretStr
 
 from server.main import create_app
 from server.settings import Settings
-from tests.test_runs import copy_caches, current_dir, make_registry, mix_run, shared_caches
+from tests.run_helpers import copy_caches, current_dir, make_registry, mix_run, shared_caches
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 TOKEN = "hardening-token-1c9d2e"
 GOOD = {"Authorization": f"Bearer {TOKEN}"}

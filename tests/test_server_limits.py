@@ -20,7 +20,9 @@ import pytest
 from server.protocol import _HeadWithBody
 from server.settings import Settings
 from taskdata.cli import build_parser
-from tests.test_server_uvicorn import Server, environment
+from tests.server_helpers import Server, environment
+
+pytestmark = pytest.mark.slow  # servers
 
 TOKEN = "limits-token-6f1e"
 READ_DEADLINE = 20.0  # seconds any one read may take before the test gives up

@@ -21,7 +21,9 @@ from schemathesis.checks import positive_data_acceptance
 from server.main import create_app
 from server.settings import Settings
 from server.state import build_state
-from tests.test_runs import copy_caches, make_registry, mix_run, shared_caches
+from tests.run_helpers import copy_caches, make_registry, mix_run, shared_caches
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 SNAPSHOT = Path(__file__).with_name("test_server_openapi.json")
 UPDATE = "TASKDATA_UPDATE_OPENAPI"

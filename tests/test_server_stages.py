@@ -18,7 +18,9 @@ from server.settings import Settings, get_settings
 from taskdata.index import BatchSchedule, SkipRange, Stage
 from taskdata.index.columns import column_values
 from taskdata.runs import RunStore
-from tests.test_runs import copy_caches, make_registry, mix_run
+from tests.run_helpers import copy_caches, make_registry, mix_run
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 TOKEN = "stages-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -143,7 +145,7 @@ def post_stage(client, run, **body):
 def test_appending_a_stage_leaves_every_earlier_answer_byte_for_byte(root, tmp_path_factory):
     run = "appended"
     RunStore(str(root)).create(mix_run(root, name=run))
-    with make_client(root) as first, make_client(root) as replica:
+    with make_client(root, run_reserve_steps=2) as first, make_client(root, run_reserve_steps=2) as replica:
         def answers(client, steps):
             return {
                 (s, h): client.get("/shards", params={"run": run, "host": h, "step": s, "steps": 1},
@@ -151,30 +153,37 @@ def test_appending_a_stage_leaves_every_earlier_answer_byte_for_byte(root, tmp_p
                 for s in steps for h in range(4)
             }
 
-        before = answers(first, range(12))
-        assert answers(replica, range(12)) == before
+        before = answers(first, range(8))
+        assert answers(replica, range(8)) == before
+        # Steps are reserved 2 past a request beyond the reserved ones: at steps 0, 3 and 6, up to 6 + 1 + 2 = 9.
+        assert get(first, f"/runs/{run}")["served_before"] == 9
         fingerprint = get(first, f"/runs/{run}")["fingerprint"]
-        response = post_stage(first, run, start=8, rates={"toy_det": "0", "toy_random": 1, "toy_text": 1},
-                              batch={"start": 8}, current_step=8)
+        served = post_stage(first, run, start=8, batch={"start": 16}, current_step=0)
+        assert served.status_code == 409 and served.json()["detail"] == (
+            f"Run {run!r} cannot take a stage at step 8: servers may have answered steps up to 8 already (they "
+            "reserve steps a little ahead of the trainers' requests). The earliest step a new stage may start at "
+            "is 9.")
+        response = post_stage(first, run, start=10, rates={"toy_det": "0", "toy_random": 1, "toy_text": 1},
+                              batch={"start": 8}, current_step=10)
         assert response.status_code == 201, response.text
         detail = response.json()
-        assert detail["fingerprint"] != fingerprint and detail["plan"]["stages"][0]["start"] == 8
+        assert detail["fingerprint"] != fingerprint and detail["plan"]["stages"][0]["start"] == 10
         assert detail["examples_per_data_shard"] == {"start": 4, "end": 2}
         for client in (first, replica):  # the replica reads the run's file again (refresh 0 s)
-            after = answers(client, range(12))
-            assert {k: v for k, v in after.items() if k[0] < 8} == {k: v for k, v in before.items() if k[0] < 8}
-            assert all(after[k] != before[k] for k in after if k[0] >= 8)
-            body = json.loads(after[(9, 0)])
+            after = answers(client, range(14))
+            assert {k: v for k, v in after.items() if k[0] < 8} == before
+            body = json.loads(after[(11, 0)])
             assert body["fingerprint"] == detail["fingerprint"] and body["steps"][0]["global_batch_size"] == 8
             assert {t["task"] for t in body["steps"][0]["tasks"] if t["reads"]["shard"]} <= {"toy_random", "toy_text"}
+            assert json.loads(after[(9, 0)])["steps"][0]["global_batch_size"] == 16  # the plan before, still
         # The same append again (a retry) changes nothing; a stage in the past names the earliest step allowed.
-        again = post_stage(first, run, start=8, rates={"toy_det": 0, "toy_random": 1, "toy_text": 1},
-                           batch={"start": 8}, current_step=8)
+        again = post_stage(first, run, start=10, rates={"toy_det": 0, "toy_random": 1, "toy_text": 1},
+                           batch={"start": 8}, current_step=10)
         assert again.status_code == 200 and again.json()["fingerprint"] == detail["fingerprint"]
         late = post_stage(first, run, start=20, batch={"start": 16}, current_step=30)
         assert late.status_code == 400 and "The earliest step a new stage may start at is 30." in late.json()["detail"]
-        early = post_stage(first, run, start=8, batch={"start": 16}, current_step=0)
-        assert early.status_code == 400 and "earliest step a new stage may start at is 9" in early.json()["detail"]
+        early = post_stage(first, run, start=14, batch={"start": 16}, current_step=0)
+        assert early.status_code == 409 and "earliest step a new stage may start at is 15." in early.json()["detail"]
 
 
 def test_stage_requests_are_checked(client, root):
@@ -195,6 +204,20 @@ def test_stage_requests_are_checked(client, root):
                        headers=AUTH).status_code == 404
     assert client.post("/runs/base/stages", json={"start": 5, "batch": {"start": 8}, "current_step": 5}
                        ).status_code == 401
+
+
+def test_a_stage_that_other_writers_keep_beating_is_503_and_not_stored(client, monkeypatch):
+    from taskdata import cas
+
+    monkeypatch.setattr(cas, "MAX_ATTEMPTS", 2)
+    monkeypatch.setattr(cas, "swap", lambda version, data: None)  # another writer was first, each time
+    response = post_stage(client, "base", start=500, batch={"start": 8}, current_step=500)
+    assert response.status_code == 503, response.text
+    assert response.json()["detail"] == ("Gave up changing _runs/base.json: other writers changed it first 2 times "
+                                         "in a row, and this change was not stored. Retry when fewer writers are at "
+                                         "work.")
+    monkeypatch.undo()
+    assert [s.start for s in get(client, "/runs/base")["plan"].get("stages", [])] == []
 
 
 def test_a_run_of_the_runs_file_takes_no_stage(root, tmp_path):

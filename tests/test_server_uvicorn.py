@@ -7,12 +7,8 @@ bearer token never reaches a log; ``taskdata plan`` stores runs the way ``POST /
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -23,75 +19,13 @@ from server.settings import Settings
 from taskdata.index import BatchSchedule, SkipRange
 from taskdata.runs import RunStore, build_run
 from tests.helpers import metric_samples
-from tests.test_runs import copy_caches, make_registry, mix_run, shared_caches
+from tests.run_helpers import copy_caches, make_registry, mix_run, shared_caches
+from tests.server_helpers import REPO, Server, environment, free_port
 
-REPO = str(Path(__file__).resolve().parent.parent)
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
+
 TOKEN = "uvicorn-token-5e1f0c7a2b"
 WRONG = "wrong-token-77aa31"
-START_TIMEOUT = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def environment(text_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKDATA_SERVER_")}
-    env.update(PYTHONPATH=REPO, TASKDATA_TEST_TEXT_DIR=str(text_dir), **extra)
-    return env
-
-
-class Server:
-    """``taskdata serve`` in a subprocess, logging into a file."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log: Path):
-        self.port = free_port()
-        self.log = log
-        with open(log, "ab") as out:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "taskdata",
-                    "serve",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                    *args,
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if self.process.poll() is not None:
-                raise AssertionError(f"server exited with {self.process.returncode}:\n{log.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(
-                    f"server did not answer /healthz within {START_TIMEOUT} s:\n{log.read_text()}"
-                )
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()  # SIGTERM to this pid: uvicorn shuts down gracefully
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=15)
 
 
 @pytest.fixture(scope="module")

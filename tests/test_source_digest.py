@@ -94,6 +94,7 @@ def test_a_same_size_edit_changes_a_text_source_fingerprint(tmp_path):
     assert source.fingerprint_description() != before
 
 
+@pytest.mark.slow
 def test_a_file_on_gcs_and_its_local_copy_have_the_same_digest(tmp_path):
     # A cache built from gs:// and one built from a local copy of the same files must be the same cache.
     with gcs_emulator("digests") as env:

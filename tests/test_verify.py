@@ -10,7 +10,9 @@ import pytest
 from taskdata.cache.format import CacheFormatError, load_manifest
 from taskdata.cache.verify import verify_version
 from taskdata.cli import main
-from tests.test_cache_job import build
+from tests.cache_helpers import build
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,10 @@ from taskdata.cache.reader import CacheReader
 from taskdata.cache.tfrecord import CorruptRecordError, read_offsets
 from taskdata.cache.verify import check_split, verify_version
 from taskdata.cli import main
+from tests.cache_helpers import build
 from tests.gcs_emulator import gcs_emulator
-from tests.test_cache_job import build
+
+pytestmark = pytest.mark.slow  # cache jobs (Beam), servers
 
 REPO = Path(__file__).resolve().parent.parent
 SHARD = "train.tfrecord-00001-of-00003"

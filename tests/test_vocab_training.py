@@ -17,33 +17,20 @@ from taskdata.define.task import Task
 from taskdata.define.vocab_training import SentencePieceOptions, train_from_task, train_sentencepiece
 from taskdata.define.vocabularies import ByteVocabulary, SentencePieceVocabulary
 from taskdata.sources import FunctionSource, SourceError
+from tests.pydoc_corpus import python_docs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def python_docs(first_topic: int, limit_chars: int = 120_000) -> list[str]:
-    """Paragraphs of Python's bundled reference docs, from the given topic on (a fixed test corpus)."""
-    import pydoc_data.topics
-
-    texts: list[str] = []
-    total = 0
-    for key in sorted(pydoc_data.topics.topics)[first_topic:]:
-        for block in pydoc_data.topics.topics[key].split("\n\n"):
-            paragraph = " ".join(block.split())
-            if len(paragraph) > 40:
-                texts.append(paragraph)
-                total += len(paragraph)
-        if total >= limit_chars:
-            break
-    return texts
 
 
+@pytest.mark.slow
 def test_same_text_and_options_give_byte_identical_models_in_any_process(tmp_path):
     first = train_sentencepiece(python_docs(0), 300, str(tmp_path / "a.model"))
     second = train_sentencepiece(python_docs(0), 300, str(tmp_path / "b.model"))
     script = textwrap.dedent(
         f"""
-        from tests.test_vocab_training import python_docs
+        from tests.pydoc_corpus import python_docs
         from taskdata.define.vocab_training import train_sentencepiece
         train_sentencepiece(python_docs(0), 300, {str(tmp_path / "c.model")!r})
         """
@@ -70,6 +57,7 @@ def test_model_has_t5_special_ids_and_loads_as_a_vocabulary(tmp_path):
     assert ids.min() > 2 and vocabulary.decode(ids) == "The assert statement is a convenient way."
 
 
+@pytest.mark.slow  # seconds
 def test_texts_are_split_into_lines_so_one_multiline_text_equals_its_lines(tmp_path):
     lines = python_docs(0)
     joined = train_sentencepiece(
@@ -142,6 +130,7 @@ def _task() -> Task:
     )
 
 
+@pytest.mark.slow  # seconds
 def test_train_from_task_reads_the_task_source_in_order_up_to_max_docs(tmp_path):
     count = len(python_docs(0))
     from_task = train_from_task(_task(), "train", 300, str(tmp_path / "task.model"), max_docs=count)

@@ -6,8 +6,10 @@ The example trainer is ``python -m trainer_client.example.train``.
 
 In the stacks trainers use (imported from their modules, which need those libraries): the data state
 as an orbax checkpoint item (``trainer_client.orbax_state``), a run as a ``tf.data.Dataset``
-(``trainer_client.tfdata``) or a Grain dataset (``trainer_client.grain_dataset``), and the watchdog
-that ends every process of a ``jax.distributed`` job when one stops (``trainer_client.peers``).
+(``trainer_client.tfdata``) or a Grain dataset (``trainer_client.grain_dataset``), a model's features
+from host batches as seqio's feature converters make them (``trainer_client.features``, numpy only),
+t5x's dataset function over a run (``trainer_client.t5x_dataset``), and the watchdog that ends every
+process of a ``jax.distributed`` job when one stops (``trainer_client.peers``).
 """
 
 from trainer_client.assignments import (

@@ -4,8 +4,8 @@ Instructions are ``taskdata.index.StepReads``, the one value of a step's reads f
 task, ranged reads of consecutive records as columns; ``order`` says, example by example, which task
 the next example of the host's batch comes from (each task's examples are its reads' records, consumed
 in order). Two sources supply them: ``ServerAssignments`` (``GET /shards``, decoded with
-``taskdata.index.from_json``) and ``LocalAssignments`` (computed with ``taskdata.index.step_reads`` on a
-local ``RunPlan``); both give equal values, so a host's batch never depends on which one it used.
+``taskdata.index.from_json``) and ``LocalAssignments`` (computed with ``taskdata.index.step_slices`` on
+a local ``RunPlan``); both give equal values, so a host's batch never depends on which one it used.
 
 A host reads one ``HostSlice`` of every global batch: slice ``index`` of ``count`` equal contiguous
 slices. With one process per data-parallel group (the usual layout) that is (process index, process

@@ -1,8 +1,8 @@
 """``LocalAssignments``: read instructions from a local ``RunPlan`` and its cache versions, no HTTP.
 
-It computes the same value as the server (``taskdata.index.step_reads``: the server cuts its answers
-from ``step_slices``, which gives equal values), with byte ranges from each shard's verified offsets
-sidecar, loaded for the shards a step reads only. For caches on an object store, the sidecars of every
+It computes the same value as the server (``taskdata.index.step_slices``, one host slice alone: the
+server cuts its answers from whole steps, which gives equal values), with byte ranges from each shard's
+verified offsets sidecar, loaded for the shards a step reads only. For caches on an object store, the sidecars of every
 shard a window of steps reads are fetched together before its instructions are computed (one round
 trip per task and window, not one per shard). For tests, single-machine runs, and hosts that prefer
 not to depend on a service.
@@ -25,7 +25,7 @@ from taskdata.index import (
     example_arrays,
     fits_int64,
     slice_positions,
-    step_reads,
+    step_slices,
 )
 from taskdata.runs import StoredRun
 from trainer_client.assignments import HostSlice, RunInfo
@@ -79,7 +79,7 @@ class LocalAssignments:
         if any(fs.is_remote(reader.version_dir) for reader in self._readers):
             self._load_offsets(first_step, num_steps, host_slice)
         return [
-            step_reads(self._tables, step, host_slice.index, host_slice.count)
+            step_slices(self._tables, step, host_slice.count, only=host_slice.index)[0]
             for step in range(first_step, first_step + num_steps)
         ]
 

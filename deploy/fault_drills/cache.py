@@ -56,17 +56,17 @@ __all__ = ["DRILLS"]
 
 MODULE = "deploy.fault_drills._tasks"
 MULTI_PROCESS = ("--", "--direct_running_mode=multi_processing", "--direct_num_workers=2")
-# Runs the command line with CURRENT's write held back: the process says so on stdout, then waits to be killed.
+# Runs the command line with CURRENT's swap held back: the process says so on stdout, then waits to be killed.
 _HOLD_CURRENT = (
     "import sys, time\n"
-    "from taskdata import fs\n"
-    "write_atomic = fs.write_atomic\n"
-    "def held(path, data):\n"
-    "    if path.endswith('/CURRENT'):\n"
+    "from taskdata import cas\n"
+    "swap = cas.swap\n"
+    "def held(version, data):\n"
+    "    if version.path.endswith('/CURRENT'):\n"
     "        print('HOLDING-CURRENT', flush=True)\n"
     "        time.sleep(600)\n"
-    "    write_atomic(path, data)\n"
-    "fs.write_atomic = held\n"
+    "    return swap(version, data)\n"
+    "cas.swap = held\n"
     "from taskdata.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
@@ -517,7 +517,19 @@ def truncate_under_reader(rounds: int = 30, seed: int = 0) -> dict:
 
 
 # Runs the command line with the manifest's write held back: a live job, holding its lease, that never ends.
-_HOLD_MANIFEST = _HOLD_CURRENT.replace("/CURRENT", "/manifest.json").replace("HOLDING-CURRENT", "HOLDING-MANIFEST")
+_HOLD_MANIFEST = (
+    "import sys, time\n"
+    "from taskdata import fs\n"
+    "write_atomic = fs.write_atomic\n"
+    "def held(path, data):\n"
+    "    if path.endswith('/manifest.json'):\n"
+    "        print('HOLDING-MANIFEST', flush=True)\n"
+    "        time.sleep(600)\n"
+    "    write_atomic(path, data)\n"
+    "fs.write_atomic = held\n"
+    "from taskdata.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
 
 
 def abandoned_versions(kills: int = 12, stale_after_s: float = 3.0, seed: int = 0) -> dict:

@@ -39,7 +39,8 @@ _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "A plan that breaks a rule (the message says which)."},
     404: {"model": ErrorResponse, "description": "Unknown task or mixture."},
     409: {"model": ErrorResponse, "description": "A different plan already exists under this name."},
-    503: {"model": ErrorResponse, "description": "A task of the mixture has no complete cache."},
+    503: {"model": ErrorResponse, "description": "A task of the mixture has no complete cache, or other writers kept "
+          "changing the run's record (nothing stored)."},
 }
 
 
@@ -76,6 +77,7 @@ def _detail(run: StoredRun, source: Literal["config", "store"]) -> dict[str, Any
             "start": plan.batch_size(0) // shards,
             "end": plan.staged_schedule.schedules[-1].end // shards,
         },
+        "served_before": run.served_before,
     }
 
 
@@ -140,7 +142,7 @@ async def create_run(
         )
         configured = state.configured.get(run.name)
         if configured is not None:
-            if configured.to_dict() != run.to_dict():
+            if configured.plan.to_dict() != run.plan.to_dict():
                 raise RunConflictError(
                     f"Run {run.name!r} is configured in the runs file with a different plan (fingerprint "
                     f"{configured.plan.fingerprint()}; this one has {run.plan.fingerprint()}). Choose another name."
@@ -162,7 +164,10 @@ _STAGE_ERRORS = {
           "data shards cannot split."},
     404: {"model": ErrorResponse, "description": "Unknown run."},
     409: {"model": ErrorResponse, "description": "The run is configured in the runs file, which the server "
-          "does not write."},
+          "does not write; or the stage starts in steps servers may have answered; or another writer changed "
+          "the run first and the stage is no longer valid (the message names that change)."},
+    503: {"model": ErrorResponse, "description": "Other writers kept changing the run's record: nothing stored; "
+          "retry."},
 }
 
 
@@ -203,7 +208,8 @@ async def add_stage(
     try:
         run, added = await anyio.to_thread.run_sync(append)
     except RunError as error:
-        raise HTTPException(400, state.resolver.relative(str(error))) from None
+        status = 409 if isinstance(error, RunConflictError) else 400
+        raise HTTPException(status, state.resolver.relative(str(error))) from None
     if not added:
         response.status_code = 200
     return _detail(run, "store")

@@ -40,7 +40,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     503: {
         "model": ErrorResponse,
         "description": "A cache of the run is missing, incomplete, fails verification, or is being verified "
-        "(first use; with Retry-After).",
+        "(first use; with Retry-After); or other writers kept changing the run's record while this server "
+        "reserved the steps asked for.",
     },
 }
 
@@ -97,6 +98,9 @@ async def answer(state: ServerState, **query: Any) -> bytes:
     ``num_hosts``, ``encoding``) that it validated; HTTPException (400, 404, 503) or the errors of the run's
     caches (``server.main``'s exception handlers answer them) otherwise."""
     asked = _asked(state, **query)
+    if asked.unreserved:
+        stored = await anyio.to_thread.run_sync(state.store.reserve, asked.stored.name, _reserve_to(state, asked))
+        asked = asked._replace(stored=stored, unreserved=False)
     caches = state.resolver.cached(asked.stored) or await first_use(state, asked.stored)
     steps_to_do = _StepsToDo(state, asked, caches)
     if steps_to_do.index_math() > 1:
@@ -117,6 +121,8 @@ def answer_now(state: ServerState, **query: Any) -> list[bytes] | None:
     protocol answers plainly valid requests with it before any ASGI task exists (``server.protocol``).
     """
     asked = _asked(state, **query)
+    if asked.unreserved:
+        return None  # answer raises the run's served_before first (a write of its record) in a worker thread
     caches = state.resolver.cached(asked.stored)
     if not caches:
         return None  # first use: the run's caches are found and verified in a thread (state.first_use)
@@ -139,6 +145,12 @@ class _Asked(NamedTuple):
     step: int
     steps: int
     encoding: ColumnEncoding
+    # A stored run's steps at or after its served_before: the server must raise that before answering them.
+    unreserved: bool
+
+
+def _reserve_to(state: ServerState, asked: _Asked) -> int:
+    return asked.step + asked.steps + state.settings.run_reserve_steps
 
 
 def _asked(
@@ -151,7 +163,7 @@ def _asked(
     num_hosts: int | None,
     encoding: ColumnEncoding,
 ) -> _Asked:
-    stored, _ = state.find_run(run)
+    stored, source = state.find_run(run)
     plan = stored.plan
     hosts = plan.num_data_shards if num_hosts is None else num_hosts
     if host >= hosts:
@@ -171,7 +183,9 @@ def _asked(
     except PlanError as error:
         raise HTTPException(400, f"Run {stored.name!r}: {error}") from None
     data_shard = index * (plan.num_data_shards // count)
-    return _Asked(stored, host, hosts, index, count, data_shard, step, steps, encoding)
+    # A run of the runs file never changes; a stored one may gain stages from its served_before on.
+    unreserved = source == "store" and step + steps > stored.served_before
+    return _Asked(stored, host, hosts, index, count, data_shard, step, steps, encoding, unreserved)
 
 
 class _StepsToDo:

@@ -4,8 +4,15 @@ The commit protocol: every file goes into a fresh version folder; the manifest i
 shards verify, ``COMPLETED`` (holding the manifest's hash) after the manifest, and the task's
 ``CURRENT`` pointer after that. A crash at any moment leaves either the previous complete version or
 a folder without ``COMPLETED``, which nothing reads. A complete version is never modified or deleted.
-While a job writes its version it holds a lease on it (``taskdata.cache.lease``); every job first
-removes the incomplete versions whose lease went stale (their jobs died).
+While a job writes its version it holds a lease on it (``taskdata.cache.lease``), confirmed right before
+the manifest is written; every job first removes the incomplete versions whose lease went stale (their
+jobs died).
+
+``CURRENT`` moves by compare-and-swap (``taskdata.cas``) against the pointer as the job read it when it
+started. If another job moved it since, to a version of the same cache (the same task fingerprint and seed,
+with every split of this one: byte for byte the same records), it stays there; otherwise this job's
+version replaces it, as a job started later would. Either way the job logs what ``CURRENT`` named and
+names now, and two jobs of one task at once leave one ``CURRENT`` naming a complete version.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from taskdata import fs
+from taskdata import cas, fs
 from taskdata.cache.format import (
     CURRENT,
     FORMAT,
@@ -35,13 +42,18 @@ from taskdata.cache.format import (
     SplitManifest,
     completed_bytes,
     completed_path,
-    current_version,
+    is_version_name,
     list_versions,
     load_manifest,
     manifest_bytes,
     task_dir,
 )
-from taskdata.cache.lease import DEFAULT_STALE_AFTER_S, VersionLease, remove_abandoned_versions
+from taskdata.cache.lease import (
+    DEFAULT_STALE_AFTER_S,
+    LeaseLostError,
+    VersionLease,
+    remove_abandoned_versions,
+)
 from taskdata.cache.stats import FeatureStats
 from taskdata.config import Config
 
@@ -124,6 +136,8 @@ def run_cache_job(options: CacheOptions, registry: Registry, log: Callable[[str]
     task_fingerprint = task.fingerprint()
     _check_output_is_a_folder(options.output)
     root = task_dir(options.output, task.name)
+    # What this job replaces: CURRENT moves from this only (the module docstring says when it moves at all).
+    started_on = cas.read(fs.join(root, CURRENT))
     remove_abandoned_versions(root, options.stale_after_s, log)
 
     reusable = None if options.force else _find_reusable(root, task_fingerprint, options, splits, log)
@@ -167,9 +181,17 @@ def run_cache_job(options: CacheOptions, registry: Registry, log: Callable[[str]
                     for s in splits))
     log(f"[cache] writing {version_dir}")
     # The lease tells later jobs that this version is being written; without it, they remove it once stale.
-    with VersionLease(version_dir, refresh_s=min(30.0, options.stale_after_s / 10)):
+    with VersionLease(version_dir, refresh_s=min(30.0, options.stale_after_s / 10)) as lease:
         _run_pipeline(spec, work, options, log)
         manifest = _finalize(task, spec, splits, num_shards, options, log)
+        try:
+            lease.confirm()
+        except LeaseLostError as error:
+            raise CacheJobError(f"Cache build of task {task.name!r}: {error}") from None
+        data = manifest_bytes(manifest)
+        fs.write_atomic(fs.join(spec.version_dir, "manifest.json"), data)
+        fs.write_atomic(completed_path(spec.version_dir), completed_bytes(data))
+        _commit_current(root, version_dir, manifest, started_on, log)
     _remove_tree(tmp_dir)
     seconds = time.monotonic() - started
     total_bytes = sum(s.bytes for split in manifest.splits.values() for s in split.shards)
@@ -240,16 +262,71 @@ def _point_current_at(task_root: str, version_dir: str, log: Callable[[str], Non
     A job that died after a version's COMPLETED and before CURRENT moved leaves CURRENT on an older
     version; the rerun that reuses the new one must finish that step, or 'taskdata plan' pins the old.
     """
+    name = _version_of(version_dir)
+    named: list[bytes | None] = []
+
+    def change(data: bytes | None) -> bytes | None:
+        named.append(data)
+        return None if _named(data) == name else name.encode() + b"\n"
+
+    _, moved = cas.update(fs.join(task_root, CURRENT), change)
+    if moved:
+        log(f"[cache] CURRENT pointed at {_described(named[-1], task_root)}; moved it to {name}")
+
+
+def _commit_current(task_root: str, version_dir: str, manifest: Manifest, started_on: cas.Version,
+                    log: Callable[[str], None]) -> None:
+    """Moves CURRENT from ``started_on`` (as the job read it when it started) to its new complete version,
+    unless another job has since pointed it at a version of the same cache (module docstring)."""
+    name = _version_of(version_dir)
+    named: list[bytes | None] = []
+
+    def change(data: bytes | None) -> bytes | None:
+        named.append(data)
+        if data != started_on.data and _same_cache(task_root, _named(data), manifest):
+            return None
+        return name.encode() + b"\n"
+
+    _, moved = cas.update(fs.join(task_root, CURRENT), change)
+    if not moved:
+        log(f"[cache] another job committed the same cache while this one ran: CURRENT stays on "
+            f"{_named(named[-1])} (this job's {name} is complete too)")
+    elif named[-1] != started_on.data:
+        log(f"[cache] another job moved CURRENT to {_described(named[-1], task_root)} while this one ran, from "
+            f"another definition or seed; moved it to {name}")
+    else:
+        log(f"[cache] CURRENT moved from {_described(named[-1], task_root)} to {name}")
+
+
+def _version_of(version_dir: str) -> str:
+    return version_dir.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _named(pointer: bytes | None) -> str | None:
+    """The version name a CURRENT pointer's bytes hold (None: no pointer; what cannot be a name is kept as
+    text, which no version is called)."""
+    return None if pointer is None else pointer.decode("utf-8", "replace").strip()
+
+
+def _described(pointer: bytes | None, task_root: str) -> str:
+    name = _named(pointer)
+    if name is None:
+        return "no version"
+    if not is_version_name(name):
+        return f"{name!r}, which is not a version folder name (a damaged pointer)"
+    return fs.join(task_root, name)
+
+
+def _same_cache(task_root: str, name: str | None, manifest: Manifest) -> bool:
+    """Whether version ``name`` of ``task_root`` is complete and holds the same records as ``manifest``'s."""
+    if name is None:
+        return False
     try:
-        current = current_version(task_root)
-    except CacheFormatError as e:
-        log(f"[cache] replacing a damaged CURRENT pointer: {e}")
-        current = None
-    if current is not None and current.rstrip("/") == version_dir.rstrip("/"):
-        return
-    name = version_dir.rstrip("/").rsplit("/", 1)[-1]
-    fs.write_atomic(fs.join(task_root, CURRENT), name.encode() + b"\n")
-    log(f"[cache] CURRENT pointed at {current or 'no version'}; moved it to {name}")
+        other = load_manifest(fs.join(task_root, name))
+    except (CacheFormatError, OSError):
+        return False
+    return (other.task_fingerprint == manifest.task_fingerprint and other.seed == manifest.seed
+            and all(other.splits.get(split) == entry for split, entry in manifest.splits.items()))
 
 
 def _beam_pipeline(options: CacheOptions) -> beam.Pipeline:
@@ -478,11 +555,6 @@ def _finalize(task: Task, spec: CacheJobSpec, splits: Sequence[str], num_shards:
             raise CacheJobError(f"Verification of the new cache failed, nothing was committed: {problems[0]}")
         log(f"[cache] 3/3 verified every record of {sum(s.num_records for s in split_manifests.values()):,} "
             f"in {time.monotonic() - started:.1f} s")
-    data = manifest_bytes(manifest)
-    fs.write_atomic(fs.join(spec.version_dir, "manifest.json"), data)
-    fs.write_atomic(completed_path(spec.version_dir), completed_bytes(data))
-    fs.write_atomic(fs.join(task_dir(options.output, task.name), CURRENT),
-                    spec.version_dir.rstrip("/").rsplit("/", 1)[-1].encode() + b"\n")
     return manifest
 
 

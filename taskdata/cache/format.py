@@ -31,7 +31,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from taskdata import fs
+from taskdata import cas, fs
 from taskdata.fingerprint import canonical_json
 from taskdata.names import validate_name
 
@@ -48,6 +48,7 @@ __all__ = [
     "completed_path",
     "current_version",
     "find_version",
+    "is_version_name",
     "list_versions",
     "load_manifest",
     "manifest_bytes",
@@ -339,13 +340,21 @@ def find_version(task_root: str, manifest_sha256: str) -> str | None:
 
 
 def current_version(task_root: str) -> str | None:
+    """The version folder the task's CURRENT pointer names, or None without one.
+
+    Read as the pointer's writers read it (``taskdata.cas``), never from a listing a client may have kept."""
     pointer = fs.join(task_root, CURRENT)
-    if not fs.exists(pointer):
+    data = cas.read(pointer).data
+    if data is None:
         return None
-    name = fs.read_bytes(pointer).decode().strip()
-    if not _VERSION_RE.fullmatch(name):
+    name = data.decode("utf-8", "replace").strip()
+    if not is_version_name(name):
         raise CacheFormatError(f"{pointer} names {name!r}, which is not a version folder name.")
     return fs.join(task_root, name)
+
+
+def is_version_name(name: str) -> bool:
+    return _VERSION_RE.fullmatch(name) is not None
 
 
 def _sidecar_entry(entry: Mapping[str, Any]) -> SidecarEntry:

@@ -2,7 +2,7 @@
 
 ``CacheReader`` opens a version only if it is complete (``COMPLETED`` matches the manifest) and, when
 asked, only if it is exactly the version a run plan names (by the manifest's sha256). Records are read
-with one ranged read per run of consecutive records, located in O(1) by the offsets sidecar; both CRCs
+with one ranged read per extent (consecutive records), located in O(1) by the offsets sidecar; both CRCs
 of every record are checked, each record's stored data CRC must be the one the sidecar lists for its
 index (so a record moved to another place is caught), and lengths beyond the manifest's maximum are
 rejected. Local shards are read with ``pread``, never memory-mapped: a shard truncated under a running
@@ -137,7 +137,7 @@ class CacheReader:
         """The records at (shards[i], records[i]), in that order, verified.
 
         Per shard, the frames of all requested records are gathered into one buffer (one ranged read,
-        ``pread`` for local files, per run of consecutive records) and checked in one vectorized pass,
+        ``pread`` for local files, per extent: consecutive records) and checked in one vectorized pass,
         so scattered reads (later epochs) cost about as much as contiguous ones.
         """
         buffer, starts, ends = self.read_spans(split, shards, records)
@@ -205,10 +205,10 @@ class CacheReader:
             raise IndexError(f"Shard {reader.path} has {count} records; record {bad} is out of range. "
                              "The read plan does not match this cache version.")
         starts, ends = offsets[wanted], offsets[wanted + 1]
-        first_of_run = np.flatnonzero(np.diff(wanted, prepend=-2) != 1)
-        last_of_run = np.append(first_of_run[1:], len(wanted)) - 1
-        begins = starts[first_of_run]
-        sizes = ends[last_of_run] - begins
+        first_of_extent = np.flatnonzero(np.diff(wanted, prepend=-2) != 1)
+        last_of_extent = np.append(first_of_extent[1:], len(wanted)) - 1
+        begins = starts[first_of_extent]
+        sizes = ends[last_of_extent] - begins
         if fs.is_remote(reader.path):
             assert fetcher is not None
             reads: PendingRanges | _LocalRanges = fetcher.start(reader.path, begins, sizes, later.get(reader.path))
@@ -365,7 +365,7 @@ class _LocalRanges:
         self._fd, self._path, self._begins, self._sizes = fd, path, begins, sizes
 
     def result(self) -> tuple[bytes, int | None]:
-        return _read_runs(self._fd, self._begins, self._sizes)
+        return _read_extents(self._fd, self._begins, self._sizes)
 
     def cancel(self) -> None:
         pass
@@ -412,7 +412,7 @@ class _PendingShard:
         return buffer, data_starts, data_ends
 
 
-def _read_runs(fd: int, begins: list[int], sizes: list[int]) -> tuple[bytes, int | None]:
+def _read_extents(fd: int, begins: list[int], sizes: list[int]) -> tuple[bytes, int | None]:
     """The byte ranges ``[begins[i], begins[i] + sizes[i])`` of a local file one after another in one buffer,
     and None; or, where the file ends early, the whole ranges before its end and the file's size.
 

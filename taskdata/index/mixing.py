@@ -132,89 +132,58 @@ class Mixing:
             node, m = (left, before) if after > before else (right, m - before)
         return node, m
 
-    def locate_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """``locate`` of every position in ``[start, stop)`` at once: (tasks, task positions), both arrays.
+    def tasks_in_range(self, start: int, stop: int) -> np.ndarray:
+        """The task of every position in ``[start, stop)`` at once (an int64 array), as ``locate`` gives them.
 
         A node's slots among a contiguous range of stream positions are a contiguous range of its own
         slots, so each node splits its range with one vectorised Bresenham step, and only the first slot
-        of the range needs big-integer math. Arrays are int64; task positions are Python ints (object
-        arrays) past 2**63, and a node whose weights would overflow int64 does its step in Python ints.
-        A range the kept period holds is read from it instead (``_period``).
+        of the range needs big-integer math (a node whose weights would overflow int64 does its step in
+        Python ints). A range the kept period holds is read from it instead (``_period``). The index
+        chain takes each task's positions from ``counts`` (they are consecutive within a range).
         """
         check_position_range(start, stop)
-        window = self._period_window(start, stop)
-        if window is None:
-            return self._split_range(start, stop)
-        (tasks, positions, weights), laps, offset, end = window
-        # Task positions lap by lap: laps * w_task more than in the first period.
-        out = np.multiply(weights[offset:end], laps)
-        out += positions[offset:end]
-        return tasks[offset:end].copy(), out
-
-    def tasks_in_range(self, start: int, stop: int) -> np.ndarray:
-        """The tasks of ``locate_range(start, stop)`` alone (an int64 array): where the kept period holds the
-        range, without the task positions' arithmetic, which the index math of a step does not use."""
-        check_position_range(start, stop)
-        window = self._period_window(start, stop)
-        if window is None:
-            return self._split_range(start, stop)[0]
-        (tasks, _, _), _, offset, end = window
-        return tasks[offset:end].copy()
+        period = self._period
+        if period is not None and stop <= _INT64_MAX:
+            offset = start % sum(self.weights)
+            end = offset + stop - start
+            if end <= len(period):
+                return period[offset:end].copy()
+        return self._split_range(start, stop)
 
     @functools.cached_property
-    def _period(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """(tasks, task positions, their tasks' weights) of positions ``[0, E)``: whole periods of ``W =
-        sum(weights)`` positions, at least ``W + _PERIOD_SPAN`` of them; None when W exceeds ``_PERIOD_LIMIT``.
+    def _period(self) -> np.ndarray | None:
+        """The tasks of positions ``[0, E)``: whole periods of ``W = sum(weights)`` positions, at least ``W +
+        _PERIOD_SPAN`` of them; None when W exceeds ``_PERIOD_LIMIT``.
 
-        Position ``p + W`` is position ``p``'s task, ``w_task`` examples of it later: in W slots a node of
-        weight ``w_N`` hands out exactly ``L(w_N) = w_L`` to its left child and ``w_N - w_L`` to its right one,
-        and ``L(m + w_N) = L(m) + w_L``, so by induction from the root every node, down to each task, sees its
-        own slots repeat shifted by its weight. A range then starts at ``start % W`` in these arrays, and a
-        range of at most ``_PERIOD_SPAN`` positions is a slice of them: no division per position.
+        Position ``p + W`` holds position ``p``'s task: in W slots a node of weight ``w_N`` hands out exactly
+        ``L(w_N) = w_L`` to its left child and ``w_N - w_L`` to its right one, and ``L(m + w_N) = L(m) + w_L``,
+        so by induction from the root every node, down to each task, sees its own slots repeat. A range then
+        starts at ``start % W`` in this array, and a range of at most ``_PERIOD_SPAN`` positions is a slice
+        of it: no division per position.
         """
         total = sum(self.weights)
         if total > _PERIOD_LIMIT:
             return None
-        tasks, positions = self._split_range(0, total * -(-(total + _PERIOD_SPAN) // total))
-        weights = np.array(self.weights, np.int64)[tasks]
-        for array in (tasks, positions, weights):
-            array.flags.writeable = False
-        return tasks, positions, weights
+        tasks = self._split_range(0, total * -(-(total + _PERIOD_SPAN) // total))
+        tasks.flags.writeable = False
+        return tasks
 
-    def _period_window(
-        self, start: int, stop: int
-    ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int, int, int] | None:
-        """(``_period``, laps, offset, end): positions ``[start, stop)`` are entries ``[offset, end)`` of the kept
-        period, ``laps`` periods on; None where it does not hold the range."""
-        period = self._period
-        if period is None or stop > _INT64_MAX:
-            return None
-        laps, offset = divmod(start, sum(self.weights))
-        end = offset + stop - start
-        if end > len(period[0]):
-            return None
-        return period, laps, offset, end
-
-    def _split_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """``locate_range`` node by node (see there)."""
+    def _split_range(self, start: int, stop: int) -> np.ndarray:
+        """``tasks_in_range`` node by node (see there)."""
         k = len(self.weights)
-        count = stop - start
-        tasks = np.empty(count, np.int64)
-        positions_dtype = np.int64 if stop <= _INT64_MAX else object
-        task_positions = np.empty(count, positions_dtype)
+        tasks = np.empty(stop - start, np.int64)
         # (node, the node's slot at the first stream position of the range, where its positions go).
-        pending = [(self._root, start, np.arange(count))]
+        pending = [(self._root, start, np.arange(stop - start))]
         while pending:
             node, first, where = pending.pop()
             if where.size <= _SCALAR_SLOTS:
                 # A numpy step costs as much as walking a few positions down one at a time: with many
                 # tasks, most nodes hold only a few positions of a range.
                 for j, out in enumerate(where.tolist()):
-                    tasks[out], task_positions[out] = self._descend(node, first + j)
+                    tasks[out] = self._descend(node, first + j)[0]
                 continue
             if node < k:
                 tasks[where] = node
-                task_positions[where] = np.arange(first, first + where.size, dtype=positions_dtype)
                 continue
             w_left, w, left, right = self._nodes[node - k]
             # L(first + j) = L(first) + floor((rest + 2 * j * w_left) / (2 * w)), j = 0..size: the
@@ -227,7 +196,7 @@ class Mixing:
             to_left = owned[1:] != owned[:-1]
             pending.append((left, before, where[to_left]))
             pending.append((right, first - before, where[~to_left]))
-        return tasks, task_positions
+        return tasks
 
     def position_of(self, task: int, task_position: int) -> int:
         """The inverse of ``locate``: the stream position of ``task``'s ``task_position``-th example."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from taskdata.index.epoch_order import task_position_in
 from taskdata.index.errors import PlanError
 from taskdata.index.plan import RunPlan
 
@@ -55,7 +54,7 @@ def reads_before(plan: RunPlan, task: str, index: int, step: int) -> int:
     epochs, rest = divmod(taken, n)
     if rest == 0:
         return epochs
-    offset = task_position_in(plan.epoch_order, plan.seed, task, n, epochs, index) - epochs * n
+    offset = plan.epoch_order.task_position(plan.seed, task, n, epochs, index) - epochs * n
     return epochs + (offset < rest)
 
 
@@ -74,7 +73,7 @@ def occurrences(
     out: list[Occurrence] = []
     epoch = reads_before(plan, task, index, from_step)
     while len(out) < limit:
-        task_position = task_position_in(plan.epoch_order, plan.seed, task, n, epoch, index)
+        task_position = plan.epoch_order.task_position(plan.seed, task, n, epoch, index)
         if total is not None and task_position >= total:
             break
         position = plan.mixing.position_of(t, task_position)

@@ -39,9 +39,9 @@ from fractions import Fraction
 from typing import Any
 
 from taskdata.fingerprint import fingerprint
-from taskdata.index.epoch_order import FEISTEL, EpochOrder
 from taskdata.index.errors import PlanError
 from taskdata.index.layout import ShardLayout
+from taskdata.index.orders import FEISTEL, EpochOrder, epoch_order_from_dict
 from taskdata.index.schedule import BatchSchedule
 from taskdata.index.stages import Stage, StagedMixing, StagedSchedule
 from taskdata.index.tables import PlanTables
@@ -175,7 +175,7 @@ class RunPlan:
         if not isinstance(self.epoch_order, EpochOrder):
             raise PlanError(
                 f"Epoch order must be an EpochOrder but got {type(self.epoch_order).__name__}: "
-                f"{self.epoch_order!r}. Use EpochOrder() (per-record) or EpochOrder.blocks(size)."
+                f"{self.epoch_order!r}. Use FEISTEL (per record) or BlockOrder(block_size) (taskdata.index.orders)."
             )
 
     # Derived tables, built once per plan object; they are not fields, so they take no part in
@@ -289,6 +289,18 @@ class RunPlan:
         i = bisect.bisect_right(self._skip_starts, step) - 1
         return self.skip[i].stop if i >= 0 and step < self.skip[i].stop else step
 
+    def step_after_batches(self, count: int) -> int:
+        """The step after the ``count``-th batch delivered from step 0 (0 for none): ``count`` plus the skipped
+        steps before it (a skipped step delivers no batch), for trainers that count only the batches they train."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise PlanError(f"A number of batches must be an integer >= 0 but got {count!r}.")
+        step = count
+        for skipped in self.skip:  # sorted and merged: each one starting before it pushes the step on
+            if skipped.start >= step:
+                break
+            step += skipped.stop - skipped.start
+        return step
+
     def fingerprint_description(self) -> dict[str, Any]:
         """What ``fingerprint`` hashes: without stages, the plan; with stages, the fingerprint of the plan
         without its last stage, and that stage."""
@@ -346,7 +358,7 @@ class RunPlan:
             # had before stages existed, which older readers still take.
             **({"stages": [stage.to_dict() for stage in self.stages]} if self.stages else {}),
         }
-        if not self.epoch_order.is_default:
+        if self.epoch_order != FEISTEL:
             data["epoch_order"] = self.epoch_order.to_dict()
         return data
 
@@ -389,7 +401,7 @@ class RunPlan:
             skip=tuple(SkipRange(start, stop) for start, stop in skip),
             split=data["split"],
             stages=tuple(Stage.from_dict(stage) for stage in stages),
-            epoch_order=EpochOrder.from_dict(data["epoch_order"]) if "epoch_order" in data else FEISTEL,
+            epoch_order=epoch_order_from_dict(data["epoch_order"]) if "epoch_order" in data else FEISTEL,
         )
 
 

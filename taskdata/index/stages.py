@@ -43,9 +43,6 @@ from taskdata.rates import parse_rate
 
 __all__ = ["STAGE_SYNTAX", "Stage", "StagedMixing", "StagedSchedule", "parse_stage"]
 
-_INT64_MAX = 2**63 - 1
-
-
 def _check_int(value: Any, what: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise PlanError(f"{what} must be an integer >= {minimum} but got {value!r}.")
@@ -274,7 +271,6 @@ class StagedMixing:
     bases: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
     _local: tuple[dict[int, int], ...] = dataclasses.field(init=False, repr=False)
     _task_arrays: tuple[np.ndarray | None, ...] = dataclasses.field(init=False, repr=False)
-    _base_arrays: tuple[np.ndarray | None, ...] = dataclasses.field(init=False, repr=False)
     _bases_by_task: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False)
 
     @classmethod
@@ -309,16 +305,11 @@ class StagedMixing:
         object.__setattr__(self, "mixings", mixings)
         object.__setattr__(self, "bases", tuple(bases))
         object.__setattr__(self, "_local", tuple({t: i for i, t in enumerate(ts)} for ts in self.tasks))
-        # None where a segment needs no mapping: all tasks in the run's order, or nothing read before it.
+        # None where a segment needs no mapping: all tasks in the run's order.
         object.__setattr__(
             self,
             "_task_arrays",
             tuple(None if ts == every else np.array(ts, np.int64) for ts in self.tasks),
-        )
-        object.__setattr__(
-            self,
-            "_base_arrays",
-            tuple(None if not any(b) else np.array(b, object if max(b) > _INT64_MAX else np.int64) for b in bases),
         )
         object.__setattr__(self, "_bases_by_task", tuple(zip(*bases, strict=True)))
 
@@ -334,27 +325,8 @@ class StagedMixing:
         task = self.tasks[k][local]
         return task, self.bases[k][task] + m
 
-    def locate_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """``locate`` of every position in ``[start, stop)``: (tasks, task positions), as ``Mixing.locate_range``."""
-        parts_tasks, parts_positions = [], []
-        for k, a, b in self._segments(start, stop):
-            tasks, positions = self.mixings[k].locate_range(a, b)
-            task_array = self._task_arrays[k]
-            if task_array is not None:
-                tasks = task_array[tasks]
-            base = self._base_arrays[k]
-            if base is not None:
-                if stop > _INT64_MAX:  # beyond int64, task positions are Python ints (as Mixing's are)
-                    positions, base = positions.astype(object), np.array(self.bases[k], object)
-                positions = positions + base[tasks]
-            parts_tasks.append(tasks)
-            parts_positions.append(positions)
-        if len(parts_tasks) == 1:
-            return parts_tasks[0], parts_positions[0]
-        return np.concatenate(parts_tasks), np.concatenate(parts_positions)
-
     def tasks_in_range(self, start: int, stop: int) -> np.ndarray:
-        """The tasks of ``locate_range(start, stop)`` alone, as ``Mixing.tasks_in_range``."""
+        """The task of every position in ``[start, stop)``, as ``Mixing.tasks_in_range``."""
         parts = []
         for k, a, b in self._segments(start, stop):
             tasks = self.mixings[k].tasks_in_range(a, b)

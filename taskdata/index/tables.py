@@ -1,4 +1,4 @@
-"""A plan's shards as numpy tables, for the vectorised index chain (``arrays.example_arrays``).
+"""A plan's shards as numpy tables, for the index chain computed as arrays (``chain.example_arrays``).
 
 Every shard of every task is laid end to end: record ``i`` of task ``t`` is record ``record_base[t] + i``
 of the concatenation, and ``ShardFinder`` finds the concatenated shard that holds it. ``RunPlan.tables``

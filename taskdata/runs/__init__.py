@@ -15,6 +15,7 @@ from taskdata.runs.resolver import CacheResolver, ResolvedCache
 from taskdata.runs.store import (
     RUNS_DIR,
     CacheUnavailableError,
+    RunChangedError,
     RunConflictError,
     RunError,
     RunStore,
@@ -33,6 +34,7 @@ __all__ = [
     "LedgerEntry",
     "LedgerError",
     "ResolvedCache",
+    "RunChangedError",
     "RunConflictError",
     "RunError",
     "RunStore",

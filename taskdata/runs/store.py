@@ -4,16 +4,21 @@ A run pins, for every task it reads, the exact bytes of one cache version: ``Tas
 is that version's manifest sha256 (what its ``COMPLETED`` marker holds), and ``shard_record_counts``
 come from the manifest's split (which the plan names too). Runs are stored durably in the cache root::
 
-    {root}/_runs/{name}.json      {"format": "taskdata.run/3", "plan": RunPlan.to_dict()}
+    {root}/_runs/{name}.json      {"format": "taskdata.run/4", "plan": RunPlan.to_dict(), "served_before": N}
 
-Format 3 plans may hold stages; records of format ``taskdata.run/2`` (no stages) and ``taskdata.run/1``
-(the split beside the plan, not in it) are still read, and mean what they meant.
+``served_before``: servers answer a step of the run only once it is below this number (they raise it, in the
+record, before answering steps at or after it), and a new stage must start at or after it: so no stage ever
+changes a step that a server may have answered. Records of format ``taskdata.run/3`` (no ``served_before``:
+0), ``taskdata.run/2`` (no stages) and ``taskdata.run/1`` (the split beside the plan, not in it) are still
+read, and mean what they meant.
 
 Creating a run is idempotent (the same plan again is accepted), and a different plan under an existing
 name is refused. A stored plan changes in one way only: ``add_stage`` appends a stage that starts at or
-after the run's current step (which the caller states) and after its last stage, so no step a trainer
-may have read changes. A store re-reads a run it remembers every ``refresh_seconds``, so a long-running
-server sees stages that another process appended.
+after the run's current step (which the caller states), at or after ``served_before`` and after its last
+stage, so no step a trainer may have read changes. Every change is a compare-and-swap of the record
+(``taskdata.cas``): two processes creating, appending or reserving at the same moment never lose a change
+that one of them was told is stored. A store re-reads a run it remembers every ``refresh_seconds``, so a
+long-running server sees stages that another process appended.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from taskdata import fs
+from taskdata import cas, fs
 from taskdata.cache.format import (
     CacheFormatError,
     Manifest,
@@ -35,7 +40,7 @@ from taskdata.cache.format import (
     load_manifest,
     task_dir,
 )
-from taskdata.index import BatchSchedule, EpochOrder, PlanError, RunPlan, SkipRange, Stage
+from taskdata.index import BatchSchedule, EpochOrder, PlanError, RunPlan, SkipRange, Stage, WindowedOrder
 from taskdata.names import InvalidNameError, validate_name
 
 if TYPE_CHECKING:  # annotations only: build_run imports the definitions when it runs, as before
@@ -45,6 +50,7 @@ if TYPE_CHECKING:  # annotations only: build_run imports the definitions when it
 __all__ = [
     "RUNS_DIR",
     "CacheUnavailableError",
+    "RunChangedError",
     "RunConflictError",
     "RunError",
     "RunStore",
@@ -55,7 +61,9 @@ __all__ = [
 ]
 
 RUNS_DIR = "_runs"
-RUN_FORMAT = "taskdata.run/3"
+RUN_FORMAT = "taskdata.run/4"
+# Runs without served_before (0).
+_RUN_FORMAT_3 = "taskdata.run/3"
 # Plans without stages.
 _RUN_FORMAT_2 = "taskdata.run/2"
 # The split was beside the plan, and not part of its fingerprint.
@@ -67,7 +75,13 @@ class RunError(ValueError):
 
 
 class RunConflictError(RunError):
-    """A different plan stored under a run name that is already taken."""
+    """A change the stored run refuses as it is now: a different plan under a name already taken, a stage
+    in steps that servers may have answered."""
+
+
+class RunChangedError(RunConflictError):
+    """A change that was valid against the run as this store last saw it, refused because another writer
+    changed the run first; the message names that writer's change."""
 
 
 class CacheUnavailableError(ValueError):
@@ -84,10 +98,14 @@ class StoredRun:
     """A run plan as stored: the plan pins cache versions and the split that picks their records."""
 
     plan: RunPlan
+    # Servers answer only steps below this; a new stage starts at or after it (the module docstring).
+    served_before: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.plan, RunPlan):
             raise RunError(f"A stored run needs a RunPlan but got {type(self.plan).__name__}.")
+        if isinstance(self.served_before, bool) or not isinstance(self.served_before, int) or self.served_before < 0:
+            raise RunError(f"A stored run's served_before must be an integer >= 0 but got {self.served_before!r}.")
 
     @property
     def name(self) -> str:
@@ -98,7 +116,7 @@ class StoredRun:
         return self.plan.split
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": RUN_FORMAT, "plan": self.plan.to_dict()}
+        return {"format": RUN_FORMAT, "plan": self.plan.to_dict(), "served_before": self.served_before}
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n").encode()
@@ -110,24 +128,25 @@ class StoredRun:
         try:
             if isinstance(data, dict) and "format" in data:
                 keys = {
-                    RUN_FORMAT: {"format", "plan"},
+                    RUN_FORMAT: {"format", "plan", "served_before"},
+                    _RUN_FORMAT_3: {"format", "plan"},
                     _RUN_FORMAT_2: {"format", "plan"},
                     _RUN_FORMAT_1: {"format", "plan", "split"},
                 }
                 if keys.get(data["format"]) != set(data):
                     raise RunError(
-                        f"{where}: a run record must be {{'format': {RUN_FORMAT!r}, 'plan': ...}} (or of format "
-                        f"{_RUN_FORMAT_2!r}, or {{'format': {_RUN_FORMAT_1!r}, 'plan': ..., 'split': ...}}) but has "
+                        f"{where}: a run record must be {{'format': {RUN_FORMAT!r}, 'plan': ..., 'served_before': "
+                        f"...}} (or {{'format': {_RUN_FORMAT_3!r} or {_RUN_FORMAT_2!r}, 'plan': ...}}, or {{'format': {_RUN_FORMAT_1!r}, 'plan': ..., 'split': ...}}) but has "
                         f"format {data['format']!r} and keys {sorted(data)}."
                     )
                 plan = data["plan"]
-                if data["format"] != RUN_FORMAT and isinstance(plan, dict) and "stages" in plan:
+                if data["format"] not in (RUN_FORMAT, _RUN_FORMAT_3) and isinstance(plan, dict) and "stages" in plan:
                     raise RunError(f"{where}: a {data['format']!r} record's plan has no stages (format 3 added them).")
                 if data["format"] == _RUN_FORMAT_1:
                     if not isinstance(plan, dict) or "split" in plan:
                         raise RunError(f"{where}: a {_RUN_FORMAT_1!r} record's plan has no split of its own.")
                     plan = {**plan, "split": data["split"]}
-                return cls(RunPlan.from_dict(plan))
+                return cls(RunPlan.from_dict(plan), data.get("served_before", 0))
             if isinstance(data, dict) and "split" not in data:
                 data = {**data, "split": "train"}
             return cls(RunPlan.from_dict(data))
@@ -144,12 +163,12 @@ def cache_fingerprint(version_dir: str) -> str:
 DEFAULT_BLOCK_SIZE = 64
 
 
-def default_epoch_order(schedule: BatchSchedule, stages: Sequence[Stage] = ()) -> EpochOrder:
+def default_epoch_order(schedule: BatchSchedule, stages: Sequence[Stage] = ()) -> WindowedOrder:
     """The epoch order of new runs: windowed, blocks of ``DEFAULT_BLOCK_SIZE`` records dealt out over a batch
     as wide as the largest of the run's schedules, so that records read together never share a batch (why
     it is the default: the README, "Epoch orders"; plans that name no order stay per-record)."""
     schedules = [schedule] + [stage.schedule for stage in stages if stage.schedule is not None]
-    return EpochOrder.windowed(DEFAULT_BLOCK_SIZE, max(max(s.start, s.end) for s in schedules))
+    return WindowedOrder(DEFAULT_BLOCK_SIZE, max(max(s.start, s.end) for s in schedules))
 
 
 def build_run(
@@ -253,13 +272,15 @@ def _check_built_from_current_definition(task: Task, version_dir: str, manifest:
 
 
 class RunStore:
-    """Runs stored as ``{root}/_runs/{name}.json``; a stored run only ever gains stages (``add_stage``).
+    """Runs stored as ``{root}/_runs/{name}.json``; a stored run only ever gains stages (``add_stage``) and a
+    higher ``served_before`` (``reserve``), each change a compare-and-swap of its record (``taskdata.cas``).
 
     ``refresh_seconds``: how long a run read from its file is used before the file is read again (to see
     stages appended by another process; an unchanged file keeps the same ``StoredRun`` object). Past that,
     ``get`` still answers at once with the run it has and reads the file in a background thread (a read
     on an object store takes tens of milliseconds, which a server's event loop must not wait for); with
-    0, every ``get`` reads the file.
+    0, every ``get`` reads the file. A run read earlier answers every step below its ``served_before``
+    exactly as the run as stored now does (a later stage starts at or after it).
     """
 
     def __init__(self, cache_root: str, *, refresh_seconds: float = 5.0):
@@ -271,6 +292,8 @@ class RunStore:
         # name -> (run, the file's bytes, when they were read: time.monotonic())
         self._known: dict[str, tuple[StoredRun, bytes, float]] = {}
         self._refreshing: set[str] = set()
+        # name -> the lock that lets one reservation per run and process at a time do I/O
+        self._reserving: dict[str, threading.Lock] = {}
 
     def path(self, name: str) -> str:
         try:
@@ -307,14 +330,23 @@ class RunStore:
     def _read(self, name: str) -> StoredRun | None:
         path = self.path(name)
         read_at = time.monotonic()
-        try:
-            data = fs.read_bytes(path)
-        except FileNotFoundError:
-            return None
+        data = cas.read(path).data
+        return None if data is None else self._remember(name, data, read_at)
+
+    def _remember(self, name: str, data: bytes, read_at: float) -> StoredRun:
+        """The run of a record's bytes, remembered as ``name``'s unless the store has seen a later one since."""
         known = self._known.get(name)
         if known is not None and known[1] == data:
-            self._known[name] = (known[0], data, read_at)
-            return known[0]
+            run = known[0]
+        else:
+            run = self._parse(name, data)
+        # A slow background read must not bring back an older record than one already seen.
+        if known is None or known[1] == data or not _older(run, known[0]):
+            self._known[name] = (run, data, read_at)
+        return run
+
+    def _parse(self, name: str, data: bytes) -> StoredRun:
+        path = self.path(name)
         try:
             record = json.loads(data)
         except ValueError as error:
@@ -326,67 +358,143 @@ class RunStore:
             raise RunError(
                 f"Stored run {path} holds a plan named {run.name!r}; file and plan names must agree."
             )
-        self._known[name] = (run, data, read_at)
         return run
 
     def names(self) -> list[str]:
         return sorted(n[: -len(".json")] for n in fs.listdir(self._dir) if _is_run_file(n))
 
     def create(self, run: StoredRun) -> bool:
-        """Stores ``run``; True if written, False if the same run was already stored.
+        """Stores ``run``; True if written, False if the same run was already stored (perhaps with stages
+        appended since). A different plan under the name is refused (``RunConflictError``), also when another
+        process stored it a moment before: of writers racing to create one name, exactly one is told True."""
 
-        Within one process creates are serialised; two processes racing to create different plans
-        under one new name at the same moment are not (the object store has no create-if-absent here).
-        """
-        with self._lock:
-            existing = self._read(run.name)
-            if existing is not None:
-                if existing.to_dict() != run.to_dict() and not _created_as(existing, run):
-                    raise RunConflictError(
-                        f"Run {run.name!r} already exists with a different plan (fingerprint "
-                        f"{existing.plan.fingerprint()}, split {existing.split!r}; the new one has "
-                        f"{run.plan.fingerprint()}, split {run.split!r}). A run's data never changes once "
-                        "created: choose another name."
-                    )
-                return False
-            self._write(run)
-            return True
+        def change(data: bytes | None) -> bytes | None:
+            if data is None:
+                return dataclasses.replace(run, served_before=0).to_bytes()
+            existing = self._parse(run.name, data)
+            if existing.plan.to_dict() != run.plan.to_dict() and not _created_as(existing, run):
+                raise RunConflictError(
+                    f"Run {run.name!r} already exists with a different plan (fingerprint "
+                    f"{existing.plan.fingerprint()}, split {existing.split!r}; the new one has "
+                    f"{run.plan.fingerprint()}, split {run.split!r}). A run's data never changes once "
+                    "created: choose another name."
+                )
+            return None
+
+        version, written = cas.update(self.path(run.name), change)
+        assert version.data is not None
+        self._remember(run.name, version.data, time.monotonic())
+        return written
 
     def add_stage(self, name: str, stage: Stage, *, current_step: int) -> tuple[StoredRun, bool]:
         """Appends ``stage`` to run ``name``: (the run, True if written; False if it already ended with it).
 
         ``current_step``: a step no trainer of the run has read yet, its lookahead included (a trainer at step
         1,000 that fetches 16 steps ahead has read up to step 1,015: state 1,016 or more). The stage must start
-        at or after it and after the run's last stage (``RunPlan.with_stage``). As with ``create``, two
-        processes appending to one run at the same moment are not serialised.
+        at or after it, at or after the run's ``served_before`` and after the run's last stage
+        (``RunPlan.with_stage``). When another writer changed the run first, the stage is checked again
+        against the run as that writer left it: appended on top if still valid, else refused with
+        ``RunChangedError``, which names that writer's change. A stage invalid against the run as this store
+        last saw it is a ``RunError``; one in steps servers may have answered, a ``RunConflictError``.
         """
-        with self._lock:
-            existing = self._read(name)
-            if existing is None:
+        known = self._known.get(name)
+        seen: list[StoredRun] = [] if known is None else [known[0]]
+        last: list[bytes] = []
+
+        def change(data: bytes | None) -> bytes | None:
+            if data is None:
                 raise RunError(
                     f"There is no stored run {name!r} under {self._dir} to add a stage to; runs: {self.names()}."
                 )
+            last[:] = [data]
+            existing = self._parse(name, data)
+            if not seen:
+                seen.append(existing)  # what this writer read first: the run it meant to change
             if existing.plan.stages and existing.plan.stages[-1] == stage:
-                return existing, False  # a retried append
-            try:
-                run = StoredRun(existing.plan.with_stage(stage, current_step=current_step))
-            except PlanError as error:
-                raise RunError(str(error)) from None
-            self._write(run)
-            return run, True
+                return None  # a retried append
+            return dataclasses.replace(existing, plan=_with_stage(existing, stage, current_step, seen[0])).to_bytes()
 
-    def _write(self, run: StoredRun) -> None:
-        data = run.to_bytes()
-        fs.write_atomic(self.path(run.name), data)
-        self._known[run.name] = (run, data, time.monotonic())
+        try:
+            version, written = cas.update(self.path(name), change)
+        except RunError:
+            if last:  # the refusal named the run as it is now: this store has seen it
+                self._remember(name, last[0], time.monotonic())
+            raise
+        assert version.data is not None
+        return self._remember(name, version.data, time.monotonic()), written
+
+    def reserve(self, name: str, before: int) -> StoredRun:
+        """Run ``name`` with ``served_before >= before``, raised in its record if lower: a server calls this
+        before it answers any step at or after the ``served_before`` of the run it has.
+
+        The run returned answers every step below ``before`` as the run ever will. Within a process, one
+        reservation of a run at a time does I/O; the others find the run it stored.
+        """
+        with self._lock:
+            lock = self._reserving.setdefault(name, threading.Lock())
+        with lock:
+            known = self._known.get(name)
+            if known is not None and known[0].served_before >= before:
+                return known[0]
+
+            def change(data: bytes | None) -> bytes | None:
+                if data is None:
+                    raise RunError(f"There is no stored run {name!r} under {self._dir}; runs: {self.names()}.")
+                existing = self._parse(name, data)
+                if existing.served_before >= before:
+                    return None
+                return dataclasses.replace(existing, served_before=before).to_bytes()
+
+            version, _ = cas.update(self.path(name), change)
+            assert version.data is not None
+            return self._remember(name, version.data, time.monotonic())
+
+
+def _with_stage(existing: StoredRun, stage: Stage, current_step: int, seen: StoredRun) -> RunPlan:
+    """``existing.plan`` with ``stage`` appended, or the error that says why not (``add_stage``)."""
+    if stage.start < existing.served_before:
+        raise RunConflictError(
+            f"Run {existing.name!r} cannot take a stage at step {stage.start}: servers may have answered steps "
+            f"up to {existing.served_before - 1} already (they reserve steps a little ahead of the trainers' "
+            f"requests). The earliest step a new stage may start at is {existing.served_before}"
+            + (f" (also at least the current step, {current_step})" if current_step > existing.served_before else "")
+            + "."
+        )
+    try:
+        return existing.plan.with_stage(stage, current_step=current_step)
+    except PlanError as error:
+        problem = str(error)
+    if existing.plan.to_dict() != seen.plan.to_dict():
+        try:
+            seen.plan.with_stage(stage, current_step=current_step)
+        except PlanError:
+            pass  # refused by the run as this writer saw it too: the caller's own error
+        else:
+            appended = existing.plan.stages[len(seen.plan.stages):] if _is_prefix(seen.plan, existing.plan) else ()
+            change = (f"appended stage(s) starting at step {', '.join(str(s.start) for s in appended)}" if appended
+                      else "changed its plan")
+            raise RunChangedError(
+                f"Run {existing.name!r} changed while this stage was being added: another writer {change} (run "
+                f"fingerprint now {existing.plan.fingerprint()}, was {seen.plan.fingerprint()}). {problem}"
+            ) from None
+    raise RunError(problem)
+
+
+def _is_prefix(before: RunPlan, after: RunPlan) -> bool:
+    """Whether ``after`` is ``before`` with stages appended."""
+    kept = after.stages[: len(before.stages)]
+    return dataclasses.replace(after, stages=kept).to_dict() == before.to_dict()
+
+
+def _older(run: StoredRun, than: StoredRun) -> bool:
+    """Whether ``run`` is an earlier state of the same run than ``than`` (fewer stages or a lower
+    ``served_before``; a stored run only gains both)."""
+    return len(run.plan.stages) < len(than.plan.stages) or run.served_before < than.served_before
 
 
 def _created_as(existing: StoredRun, run: StoredRun) -> bool:
     """Whether ``existing`` is ``run`` with stages appended since it was created."""
-    kept = run.plan.stages
-    if len(existing.plan.stages) <= len(kept):
-        return False
-    return dataclasses.replace(existing.plan, stages=existing.plan.stages[: len(kept)]).to_dict() == run.plan.to_dict()
+    return len(existing.plan.stages) > len(run.plan.stages) and _is_prefix(run.plan, existing.plan)
 
 
 def _is_run_file(file_name: str) -> bool:

@@ -1,19 +1,17 @@
-"""Epoch order of a task's stream: position within a task -> (epoch, record index), and back.
-
-Epoch 0 reads a task's records in stored order: the cache is already globally shuffled by a keyed
-hash, so reading it front to back is a uniformly random order. Every later epoch reads the records in
-its own keyed pseudo-random order, so consecutive epochs read different orders (unless the task is
-so small that few orders exist: two records have only two).
+"""The per-record epoch order (``feistel``, what every plan without an ``epoch_order`` reads): each epoch
+is its own keyed permutation of the task's records. The most random order, but every example of a later
+epoch is its own ranged read: a host with 256 examples of a step makes 256 requests.
 
 The order of an epoch is a Feistel network over ``[0, 2**b)`` (the smallest power of two covering
 the task's ``n`` records), made into a permutation of ``[0, n)`` by cycle walking: apply the network
 again until the value falls below ``n``. A permutation of a larger set, restricted this way, is a
 permutation of the smaller one; since ``2**b < 2 * n`` the walk applies the network fewer than
 twice on average. When ``b`` is odd the two halves differ by one bit and trade places every round (an
-alternating, unbalanced Feistel network); every round stays invertible. Every lookup is O(1)
-expected, with no table: a task with 10**10 records costs the same as one with 10.
+alternating, unbalanced Feistel network); every round stays invertible. The round function is
+SplitMix64's finalizer (``taskdata.splitmix64``). Every lookup is O(1) expected, with no table: a task
+with 10**10 records costs the same as one with 10.
 
-``permute_many`` applies many permutations to many indices at once with numpy (uint64 arithmetic
+``FeistelOrder.apply`` applies many permutations to many indices at once with numpy (uint64 arithmetic
 wraps exactly like the ``& _M64`` of the scalar code); the scalar methods stay the reference.
 """
 
@@ -22,17 +20,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 
-from taskdata.index.errors import PlanError
-from taskdata.seeding import check_seed, derive_seed
+from taskdata.index.layout import ShardLayout
+from taskdata.index.orders.base import EpochOrder, check_index, check_key, check_size
+from taskdata.seeding import derive_seed
+from taskdata.splitmix64 import GAMMA, MUL1, MUL2, mix64
 
-__all__ = ["EpochPermutation", "epoch_and_index", "permute_blocks", "permute_many", "task_position_of"]
+__all__ = ["FeistelOrder", "FeistelPermutation"]
 
 _M64 = (1 << 64) - 1
-_MUL1, _MUL2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
-_GOLDEN = 0x9E3779B97F4A7C15
 # Six rounds: Luby-Rackoff needs four rounds of a good round function for a pseudo-random
 # permutation; two more cost little and leave margin for the simple (non-cryptographic) mixer.
 _ROUNDS = 6
@@ -51,15 +50,8 @@ _SIDE_BY_SIDE = 2**14
 _SIDE_BY_SIDE_KEPT = 16
 
 
-def _mix64(x: int) -> int:
-    """The splitmix64 finalizer: a bijection on 64-bit integers whose output bits all depend on all inputs."""
-    x = ((x ^ (x >> 30)) * _MUL1) & _M64
-    x = ((x ^ (x >> 27)) * _MUL2) & _M64
-    return x ^ (x >> 31)
-
-
 @dataclasses.dataclass(frozen=True)
-class EpochPermutation:
+class FeistelPermutation:
     """A keyed permutation of ``[0, size)``: ``perm(i)`` and its inverse ``perm.inverse(j)`` in O(1)."""
 
     size: int
@@ -69,28 +61,15 @@ class EpochPermutation:
     _rounds: tuple[tuple[int, int, int], ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise PlanError(f"A permutation size must be a positive integer but got {self.size!r}.")
-        if isinstance(self.key, bool) or not isinstance(self.key, int) or not 0 <= self.key <= _M64:
-            raise PlanError(f"A permutation key must be an integer in [0, 2**64) but got {self.key!r}.")
+        check_size(self.size, "A permutation size")
+        check_key(self.key, "A permutation key")
         bits = (self.size - 1).bit_length()
         rounds = []
         for r in range(_ROUNDS):
             low = (bits + 1) // 2 if r % 2 == 0 else bits // 2
-            rounds.append((_mix64((self.key + (r + 1) * _GOLDEN) & _M64), low, (1 << (bits - low)) - 1))
+            rounds.append((mix64((self.key + (r + 1) * GAMMA) & _M64), low, (1 << (bits - low)) - 1))
         object.__setattr__(self, "_bits", bits)
         object.__setattr__(self, "_rounds", tuple(rounds))
-
-    @classmethod
-    def for_epoch(cls, seed: int, task: str, epoch: int, size: int) -> EpochPermutation:
-        """The order of ``task``'s records in ``epoch`` (>= 1) of a run with ``seed``."""
-        check_seed(seed)
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
-            raise PlanError(
-                f"Only epochs >= 1 are permuted (epoch 0 is stored order) but got epoch {epoch!r}."
-            )
-        # The "epoch_order" tag keeps these keys apart from any other use of (seed, task, int).
-        return cls(size=size, key=derive_seed(seed, "epoch_order", task, epoch))
 
     def __call__(self, index: int) -> int:
         self._check(index)
@@ -122,7 +101,7 @@ class EpochPermutation:
         the mixer's constants (see ``_encrypt_many``)."""
         split, rounds = self._halves
         keys, masks = zip(*rounds, strict=True)
-        return np.array([*keys, *masks, split, (1 << split) - 1, _MUL1, _MUL2, 27, 31], dtype=np.uint64)
+        return np.array([*keys, *masks, split, (1 << split) - 1, MUL1, MUL2, 27, 31], dtype=np.uint64)
 
     def _walk(self, value: int) -> int:
         """Cycle walking from an encryption that fell outside the range, on Python ints: ``_encrypt``
@@ -132,60 +111,71 @@ class EpochPermutation:
         while value >= size:
             high, low = value >> split, value & split_mask
             for key, mask in rounds:
-                t = ((low ^ key) * _MUL1) & _M64
+                t = ((low ^ key) * MUL1) & _M64
                 t ^= t >> 27
-                t = (t * _MUL2) & _M64
+                t = (t * MUL2) & _M64
                 high ^= (t ^ (t >> 31)) & mask
                 high, low = low, high
             value = (high << split) | low
         return value
 
     def _check(self, index: int) -> None:
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.size:
-            raise PlanError(f"Index must be an integer in [0, {self.size}) but got {index!r}.")
+        check_index(index, self.size)
 
     def _encrypt(self, x: int) -> int:
         bits = self._bits
         for key, low, mask in self._rounds:
             # (high, low) -> (low, high ^ F(low)): the low part moves up, the high part is masked.
             right = x & ((1 << low) - 1)
-            x = (right << (bits - low)) | ((x >> low) ^ (_mix64(right ^ key) & mask))
+            x = (right << (bits - low)) | ((x >> low) ^ (mix64(right ^ key) & mask))
         return x
 
     def _decrypt(self, x: int) -> int:
         bits = self._bits
         for key, low, mask in reversed(self._rounds):
             right = x >> (bits - low)
-            x = (((x & mask) ^ (_mix64(right ^ key) & mask)) << low) | right
+            x = (((x & mask) ^ (mix64(right ^ key) & mask)) << low) | right
         return x
 
 
-def permute_many(
-    permutations: Sequence[EpochPermutation], which: np.ndarray, indices: np.ndarray
-) -> np.ndarray:
-    """``permutations[which[j]](indices[j])`` for every ``j``, vectorised: an int64 array.
+@dataclasses.dataclass(frozen=True)
+class FeistelOrder(EpochOrder):
+    """Each epoch >= 1 of a task is its own keyed ``FeistelPermutation`` of the task's records."""
 
-    One pass encrypts every index; each further pass re-encrypts only the values still outside their
-    permutation's range (cycle walking), until few are left to finish one at a time.
-    """
-    which, indices = check_many("permute_many", len(permutations), which, indices)
-    if not indices.size:
-        return np.empty(0, np.int64)
-    largest = max(p.size for p in permutations)
-    if largest > 2**63:
-        raise PlanError(
-            f"permute_many works on int64 arrays, so permutations of at most 2**63 elements, but got one of "
-            f"{largest}. Call the EpochPermutation itself: it is exact for any size."
-        )
-    if largest > 2**_VECTOR_BITS:
+    kind: ClassVar[str] = "feistel"
+
+    def make_permutation(self, seed: int, task: str, epoch: int, size: int) -> FeistelPermutation:
+        # The "epoch_order" tag keeps these keys apart from any other use of (seed, task, int).
+        return FeistelPermutation(size=size, key=derive_seed(seed, "epoch_order", task, epoch))
+
+    def apply(self, permutations: Sequence[FeistelPermutation], which: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        """Where every permutation's halves have at most ``_TABLE_BITS`` bits (sizes up to 2**24) and their
+        tables side by side stay small, a round is one lookup in a table of its round function
+        (``_round_tables``) instead of the mixer's nine numpy calls (``_mixer_many``)."""
+        if not indices.size:
+            return np.empty(0, np.int64)
+        bits = max(p._bits for p in permutations)
+        width = 1 << (bits + 1) // 2
+        if bits > 2 * _TABLE_BITS or len(permutations) * width > _SIDE_BY_SIDE:
+            return _mixer_many(permutations, which, indices)
+        return _table_many(permutations, which, indices, width)
+
+    def reads_bound(self, layout: ShardLayout, positions: int) -> int:
+        return positions  # every example of a later epoch may be its own read
+
+    def describe(self) -> str:
+        return "feistel (per record)"
+
+
+def _mixer_many(permutations: Sequence[FeistelPermutation], which: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """``FeistelOrder.apply`` with the mixer computed in numpy: one pass encrypts every index; each further
+    pass re-encrypts only the values still outside their permutation's range (cycle walking), until few
+    are left to finish one at a time."""
+    if max(p.size for p in permutations) > 2**_VECTOR_BITS:
         # The vector rounds rely on halves of at most 30 bits; beyond 2**60 records, go one by one.
         pairs = zip(which.tolist(), indices.tolist(), strict=True)
         return np.array([permutations[w](i) for w, i in pairs], np.int64)
     sizes = np.array([p.size for p in permutations], np.int64)[which]
-    outside = (indices < 0) | (indices >= sizes)
-    if outside.any():
-        bad = int(np.flatnonzero(outside)[0])
-        permutations[which[bad]]._check(int(indices[bad]))  # raises the scalar path's message
     table = np.array([p._vector_params for p in permutations]).T
     values = _encrypt_many(indices.astype(np.uint64), table.take(which, axis=1))
     walking = np.flatnonzero(values >= sizes)
@@ -198,20 +188,11 @@ def permute_many(
     return values.astype(np.int64)
 
 
-def permute_blocks(permutations: Sequence[EpochPermutation], lengths: Sequence[int], indices: np.ndarray) -> np.ndarray:
-    """``permute_many`` of consecutive blocks: entry ``j`` of block ``b`` (the ``b``-th run of ``lengths[b]``
-    entries of ``indices``) is ``permutations[b](indices[j])``. An int64 array.
-
-    For the index math's own callers, whose indices lie in their permutations' ranges by construction: that
-    is not checked. Where every permutation's halves have at most ``_TABLE_BITS`` bits, a round is one
-    lookup in a table of its round function (``_round_tables``) instead of the mixer's nine numpy calls.
-    """
-    bits = max((p._bits for p in permutations), default=0)
-    width = 1 << (bits + 1) // 2
-    if not len(permutations) or bits > 2 * _TABLE_BITS or len(permutations) * width > _SIDE_BY_SIDE:
-        which = np.repeat(np.arange(len(permutations), dtype=np.int64), lengths)
-        return permute_many(permutations, which, indices)
-    indices = np.asarray(indices, np.int64)
+def _table_many(
+    permutations: Sequence[FeistelPermutation], which: np.ndarray, indices: np.ndarray, width: int
+) -> np.ndarray:
+    """``FeistelOrder.apply`` with each round one lookup in the permutations' round tables, ``width``
+    entries wide (the widest half's)."""
     split: np.ndarray | int
     mask: np.ndarray | int
     tag: np.ndarray | None
@@ -223,12 +204,11 @@ def permute_blocks(permutations: Sequence[EpochPermutation], lengths: Sequence[i
         mask = (1 << split) - 1
     else:
         table, splits, masks, tags = _side_by_side(tuple(permutations))
-        split, mask, tag = splits.repeat(lengths), masks.repeat(lengths), tags.repeat(lengths)
+        split, mask, tag = splits[which], masks[which], tags[which]
     values = _encrypt_tables(indices, table, split, mask, tag, width - 1)
     if all(p.size == 1 << p._bits for p in permutations):
         return values  # a power of two: every value is in range at once
-    sizes = np.repeat(np.array([p.size for p in permutations], np.int64), lengths)
-    which = np.repeat(np.arange(len(permutations), dtype=np.int64), lengths)
+    sizes = np.array([p.size for p in permutations], np.int64)[which]
     walking = np.flatnonzero(values >= sizes)
     while walking.size > _SCALAR_TAIL:
         again = _encrypt_tables(
@@ -247,7 +227,7 @@ def permute_blocks(permutations: Sequence[EpochPermutation], lengths: Sequence[i
 
 
 @functools.lru_cache(maxsize=_SIDE_BY_SIDE_KEPT)
-def _side_by_side(permutations: tuple[EpochPermutation, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _side_by_side(permutations: tuple[FeistelPermutation, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The round tables of ``permutations`` side by side, permutation ``b``'s from column ``b * width`` on
     (``width``: the widest table's), with each one's split, its mask and its tag ``b * width``.
 
@@ -269,7 +249,7 @@ def _side_by_side(permutations: tuple[EpochPermutation, ...]) -> tuple[np.ndarra
 
 
 @functools.lru_cache(maxsize=_TABLES_KEPT)
-def _round_tables(permutation: EpochPermutation) -> np.ndarray:
+def _round_tables(permutation: FeistelPermutation) -> np.ndarray:
     """Row ``r``: the round function of round ``r`` (``_encrypt_many``'s, masked) at every value below
     ``2**split``, the wider half's size (odd rounds read the other half, which may be one bit narrower: their
     last entries are never read). All rounds at once, as ``_encrypt_many`` computes one: a permutation is
@@ -277,9 +257,9 @@ def _round_tables(permutation: EpochPermutation) -> np.ndarray:
     split, rounds = permutation._halves
     keys, masks = (np.array(column, np.uint64)[:, None] for column in zip(*rounds, strict=True))
     t = np.arange(1 << split, dtype=np.uint64) ^ keys
-    t *= np.uint64(_MUL1)
+    t *= np.uint64(MUL1)
     t ^= t >> np.uint64(27)
-    t *= np.uint64(_MUL2)
+    t *= np.uint64(MUL2)
     t ^= t >> np.uint64(31)
     t &= masks
     out = t.astype(np.int64)
@@ -315,33 +295,8 @@ def _encrypt_tables(
     return high
 
 
-def check_many(what: str, count: int, which: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``which`` and ``indices`` as int64 arrays, checked for ``what`` (a vectorised lookup over ``count``
-    permutations): two 1-D arrays of one length, every entry of ``which`` naming one of the permutations."""
-    which_array = np.asarray(which, dtype=np.int64)
-    index_array = np.asarray(indices, dtype=np.int64)
-    if which_array.shape != index_array.shape or which_array.ndim != 1:
-        raise PlanError(
-            f"{what} needs two 1-D arrays of one length but got shapes {which_array.shape} and {index_array.shape}."
-        )
-    if which_array.size and (which_array.min() < 0 or which_array.max() >= count):
-        raise PlanError(
-            f"{what}: every entry of which must be in [0, {count}) (one per permutation) but got values from "
-            f"{which_array.min()} to {which_array.max()}."
-        )
-    return which_array, index_array
-
-
-def check_epoch_and_index(epoch: int, index: int, num_records: int) -> None:
-    """An epoch >= 0 and a record index in [0, num_records), the arguments of a position's inverse."""
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise PlanError(f"An epoch must be an integer >= 0 but got {epoch!r}.")
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < num_records:
-        raise PlanError(f"Record index must be an integer in [0, {num_records}) but got {index!r}.")
-
-
 def _encrypt_many(values: np.ndarray, params: np.ndarray) -> np.ndarray:
-    """``EpochPermutation._encrypt`` of each value, with its own ``_vector_params`` (a column of ``params``,
+    """``FeistelPermutation._encrypt`` of each value, with its own ``_vector_params`` (a column of ``params``,
     which is C-contiguous, so that every row is).
 
     The split sizes alternate (``low`` bits, then ``bits - low``), so the part a round moves up is
@@ -371,27 +326,3 @@ def _encrypt_many(values: np.ndarray, params: np.ndarray) -> np.ndarray:
     high <<= split
     high |= low
     return high
-
-
-def epoch_and_index(seed: int, task: str, num_records: int, task_position: int) -> tuple[int, int]:
-    """Position in ``task``'s stream -> (epoch, record index in the task's global order)."""
-    if isinstance(task_position, bool) or not isinstance(task_position, int) or task_position < 0:
-        raise PlanError(f"A task position must be an integer >= 0 but got {task_position!r}.")
-    epoch, offset = divmod(task_position, num_records)
-    if epoch == 0:
-        return 0, offset
-    return epoch, _epoch_permutation(seed, task, epoch, num_records)(offset)
-
-
-def task_position_of(seed: int, task: str, num_records: int, epoch: int, index: int) -> int:
-    """The inverse of ``epoch_and_index``: where in ``task``'s stream (epoch, index) is read."""
-    check_epoch_and_index(epoch, index, num_records)
-    if epoch == 0:
-        return index
-    return epoch * num_records + _epoch_permutation(seed, task, epoch, num_records).inverse(index)
-
-
-# A batch touches few (task, epoch) pairs, and deriving a key costs a keyed hash: remember recent ones.
-@functools.lru_cache(maxsize=4096)
-def _epoch_permutation(seed: int, task: str, epoch: int, size: int) -> EpochPermutation:
-    return EpochPermutation.for_epoch(seed, task, epoch, size)

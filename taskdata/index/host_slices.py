@@ -1,16 +1,15 @@
-"""A step's reads, computed: positions -> examples -> read runs -> byte ranges, for host slices.
+"""A step's reads, computed for its host slices: positions -> extents (``chain.task_extents``) -> byte ranges.
 
-``step_slices`` computes a whole step at once, cut into ``count`` equal consecutive host slices: the
-read runs of every (task, slice) in one pass (``task_runs``), their byte ranges in one gather per
-task, and, when a slice is first cut, each group's shard files in one pass. The assignment server
-computes a step this way once and writes every host's answer from it. ``step_reads`` computes one
-slice alone (what a host computing its own reads needs; ``step_slice`` gives it as a ``StepSlices`` of
-one slice); both give equal values for a slice. Positions beyond int64 take the exact scalar chain
-instead.
+``step_slices(tables, step, count)`` computes a whole step at once, cut into ``count`` equal consecutive
+host slices: the extents of every (task, slice) in one pass, their byte ranges in one gather per task,
+and, when a slice is first cut, each group's shard files in one pass. The assignment server computes a
+step this way once and writes every host's answer from it. ``step_slices(..., only=index)`` computes
+one slice alone (what a host computing its own reads needs), as a ``StepSlices`` of that one slice;
+both give equal values for a slice (a ``StepReads``: ``taskdata.index.step_reads``).
 
-Within a slice, a task's consecutive records make one read even when other tasks' examples fall
-between them, so a coarser slice is not the concatenation of its finer slices' reads: at the seams
-their reads join.
+Within a slice, a task's consecutive records make one read (one extent) even when other tasks'
+examples fall between them, so a coarser slice is not the concatenation of its finer slices' reads:
+at the seams their reads join.
 
 Nothing here reads a file: byte ranges come from a ``ShardTable`` per task (the server's verified
 ``taskdata.runs.ResolvedCache``, or the trainer client's view of a cache reader).
@@ -25,14 +24,13 @@ from typing import Protocol
 
 import numpy as np
 
-from taskdata.index.arrays import fits_int64
-from taskdata.index.assign import examples_at, read_runs, slice_positions
+from taskdata.index.assign import slice_positions
+from taskdata.index.chain import task_extents
 from taskdata.index.errors import PlanError
 from taskdata.index.plan import RunPlan, data_shard_for_host
-from taskdata.index.reads import READ_COLUMNS, CacheFiles, StepReads, assemble
-from taskdata.index.task_runs import task_runs
+from taskdata.index.step_reads import READ_COLUMNS, CacheFiles, StepReads, assemble
 
-__all__ = ["RunTables", "ShardTable", "StepSlices", "host_slice_for", "step_reads", "step_slice", "step_slices"]
+__all__ = ["RunTables", "ShardTable", "StepSlices", "host_slice_for", "step_slices"]
 
 # Up to this many (host slice, task, shard) triples, a step's files are found in a table of all of them.
 _PRESENCE_LIMIT = 2**16
@@ -155,15 +153,15 @@ class StepSlices:
         ``file_shards[file_bounds[g]:file_bounds[g + 1]]``."""
         bounds = np.array(self.bounds, np.int64)
         groups, shards = len(bounds) - 1, self.columns[0]
-        group_of_run = np.arange(groups).repeat(bounds[1:] - bounds[:-1])
+        group_of_read = np.arange(groups).repeat(bounds[1:] - bounds[:-1])
         stride = max((len(files.shards) for files in self.files), default=1)
         if groups * stride <= _PRESENCE_LIMIT:
             # Few shards: mark the pairs read in a table of every pair and read it back in order (no sort).
             present = np.zeros((groups, stride), bool)
-            present[group_of_run, shards] = True
+            present[group_of_read, shards] = True
             group_of_file, file_shards = present.nonzero()
         else:
-            pairs = np.sort(group_of_run * stride + shards)
+            pairs = np.sort(group_of_read * stride + shards)
             if len(pairs):
                 pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
             group_of_file, file_shards = pairs // stride, pairs % stride
@@ -171,25 +169,16 @@ class StepSlices:
         return group_of_file.searchsorted(np.arange(groups + 1)).tolist(), file_shards
 
 
-def step_slices(tables: RunTables, step: int, count: int) -> StepSlices:
-    """``step``'s reads for each of ``count`` equal consecutive host slices, computed together."""
-    return _compute(tables, step, tables.plan.positions(step), count)
-
-
-def step_reads(tables: RunTables, step: int, index: int, count: int) -> StepReads:
-    """The reads of host slice ``index`` of ``count`` at ``step``, computed alone."""
-    return step_slice(tables, step, index, count)[0]
-
-
-def step_slice(tables: RunTables, step: int, index: int, count: int) -> StepSlices:
-    """Host slice ``index`` of ``count`` at ``step`` computed alone, as the one slice of a ``StepSlices``
-    (``step_reads`` is its slice 0)."""
-    return _compute(tables, step, slice_positions(tables.plan, step, index, count), 1)
+def step_slices(tables: RunTables, step: int, count: int, *, only: int | None = None) -> StepSlices:
+    """``step``'s reads for each of ``count`` equal consecutive host slices, computed together; or, with
+    ``only``, host slice ``only`` of ``count`` computed alone, as the one slice of the ``StepSlices``."""
+    if only is None:
+        return _compute(tables, step, tables.plan.positions(step), count)
+    return _compute(tables, step, slice_positions(tables.plan, step, only, count), 1)
 
 
 def _compute(tables: RunTables, step: int, positions: range, parts: int) -> StepSlices:
     plan = tables.plan
-    num_tasks = len(tables.tables)
     size = len(positions)
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1 or size % parts:
         raise PlanError(
@@ -198,65 +187,14 @@ def _compute(tables: RunTables, step: int, positions: range, parts: int) -> Step
         )
     skipped = plan.is_skipped(step)
     if skipped:
-        nothing = np.zeros(0, np.int64)
-        runs = (np.zeros(parts * num_tasks + 1, np.int64), nothing, nothing, nothing)
-        order = nothing
-    elif fits_int64(plan, positions):
-        bounds, shards, firsts, counts, order = task_runs(plan, positions, parts)
-        runs = (bounds, shards, firsts, counts)
+        bounds = np.zeros(parts * len(tables.tables) + 1, np.int64)
+        shards = firsts = counts = order = np.zeros(0, np.int64)
     else:
-        runs, order = _scalar_runs(plan, positions, parts)
-    return _from_runs(tables, step, skipped, positions.start, size // parts, parts, runs, order)
-
-
-def _scalar_runs(
-    plan: RunPlan, positions: range, parts: int
-) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
-    """``task_runs`` by the exact scalar chain, for positions beyond int64.
-
-    Shards and records are small numbers whatever the position.
-    """
-    index = {name: i for i, name in enumerate(plan.task_names)}
-    per_slice = len(positions) // parts
-    per_part: list[list[list[list[int]]]] = []  # per slice, per task: its reads [shard, first record, count]
-    order: list[int] = []
-    for part in range(parts):
-        first = positions.start + part * per_slice
-        per_task: list[list[list[int]]] = [[] for _ in plan.task_names]
-        for run in read_runs(examples_at(plan, range(first, first + per_slice))):
-            t = index[run.task]
-            order += [t] * run.count
-            reads = per_task[t]
-            # Within a task, consecutive records make one read even when other tasks' examples fall
-            # between them, as in grouped_runs.
-            if reads and reads[-1][0] == run.shard and reads[-1][1] + reads[-1][2] == run.first_record:
-                reads[-1][2] += run.count
-            else:
-                reads.append([run.shard, run.first_record, run.count])
-        per_part.append(per_task)
-    # Task-major, as task_runs groups them.
-    groups = [per_part[part][t] for t in range(len(plan.task_names)) for part in range(parts)]
-    table = np.array([r for reads in groups for r in reads], np.int64).reshape(-1, 3)
-    bounds = np.cumsum([0] + [len(reads) for reads in groups])
-    return (bounds, table[:, 0], table[:, 1], table[:, 2]), np.array(order, np.int64)
-
-
-def _from_runs(
-    tables: RunTables,
-    step: int,
-    skipped: bool,
-    start: int,
-    per_slice: int,
-    parts: int,
-    runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-    order: np.ndarray,
-) -> StepSlices:
-    """From read runs grouped task-major ``(bounds, shards, first_records, counts)`` (as ``task_runs`` gives)."""
-    bounds, shards, firsts, counts = runs
+        bounds, shards, firsts, counts, order = task_extents(plan, positions, parts)
     # Little-endian int64 rows: a row's slice is already the bytes encoding=base64 writes.
     columns = np.empty((len(READ_COLUMNS), len(shards)), "<i8")
     columns[0], columns[1], columns[2] = shards, firsts, counts
-    ends = bounds[::parts].tolist()  # task t's runs are ends[t] to ends[t + 1]
+    ends = bounds[::parts].tolist()  # task t's extents are ends[t] to ends[t + 1]
     for t, table in enumerate(tables.tables):
         a, b = ends[t], ends[t + 1]
         columns[3, a:b], columns[4, a:b] = table.byte_ranges(shards[a:b], firsts[a:b], counts[a:b])
@@ -266,9 +204,9 @@ def _from_runs(
     return StepSlices(
         step=step,
         skipped=skipped,
-        global_batch_size=tables.plan.batch_size(step),
-        start=start,
-        per_slice=per_slice,
+        global_batch_size=plan.batch_size(step),
+        start=positions.start,
+        per_slice=size // parts,
         count=parts,
         files=tables.files,
         bounds=bounds.tolist(),

@@ -24,8 +24,8 @@ import numpy as np
 import pybase64
 
 from taskdata.index.columns import ColumnEncoding, base64_int64_bytes, column_array
-from taskdata.index.host_reads import StepSlices
-from taskdata.index.reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
+from taskdata.index.host_slices import StepSlices
+from taskdata.index.step_reads import READ_COLUMNS, CacheFiles, ReadsError, StepReads, TaskReads
 
 __all__ = ["MAX_LOOKAHEAD", "StepJson", "from_json", "to_json"]
 

@@ -1,13 +1,14 @@
 """The reads of one step for one host slice: a frozen, column-based value that checks itself.
 
 A host slice is a contiguous range of a step's positions (one data shard, or several consecutive
-ones). Its reads are, per task of the run, ranged reads of consecutive records of one cache shard,
-as int64 columns (``READ_COLUMNS``): read ``i`` is records ``[first_record[i], first_record[i] +
-count[i])`` of shard ``shard[i]``, ``byte_length[i]`` bytes at ``byte_offset[i]`` of its file. A
+ones). Its reads are, per task of the run, its extents (consecutive records of one cache shard, one
+ranged read each), as int64 columns (``READ_COLUMNS``): read ``i`` is records ``[first_record[i],
+first_record[i] + count[i])`` of shard ``shard[i]``, ``byte_length[i]`` bytes at ``byte_offset[i]`` of
+its file. A
 task's examples are its reads' records, consumed in order; ``order`` says, example by example, which
 task the next one comes from.
 
-``taskdata.index.host_reads`` computes these values, ``taskdata.index.reads_json`` writes and reads
+``taskdata.index.host_slices`` computes these values, ``taskdata.index.step_json`` writes and reads
 them as ``/shards`` JSON; the server and every client source hold this one value.
 """
 
@@ -169,7 +170,7 @@ def _name_pattern(files: CacheFiles) -> tuple[str, int, str]:
     if not files._dense or not len(files.uris):
         raise ReadsError(f"Task {files.task!r}: only a table of every shard of a cache names its files by a pattern.")
     first = files.uris[0]
-    # The number of shard 0 is a run of zeros: try each from the right (the shard count comes after it).
+    # The number of shard 0 is zeros only: try each such stretch from the right (the shard count comes after it).
     end = len(first)
     while (end := first.rfind("0", 0, end)) >= 0:
         start = end

@@ -13,30 +13,28 @@ from hypothesis import strategies as st
 from taskdata.index import (
     FEISTEL,
     BatchSchedule,
-    BlockPermutation,
-    EpochOrder,
+    BlockOrder,
     PlanError,
     RunPlan,
     ShardLayout,
     Stage,
     TaskCache,
     assign,
-    block_permute_many,
-    epoch_and_index_in,
+    epoch_order,
     example_arrays,
     examples_at,
     global_batch,
     locate_example,
     occurrences,
     reads_bound,
-    runs_per_block,
     slice_positions,
-    task_position_in,
 )
+from taskdata.index.chain import task_extents
+from taskdata.index.orders.block import BlockPermutation, extents_per_block
 
 # 1 record, primes, 2**k - 1 and 2**k + 1.
 SIZES = (1, 2, 3, 97, 1009, 63, 65, 255, 257, 1023, 1025)
-BLOCK = EpochOrder.blocks(16)
+BLOCK = BlockOrder(16)
 
 
 def plan_of(counts, *, order=BLOCK, seed=7, batch=32, shards=4, rates=None, tasks=None) -> RunPlan:
@@ -58,11 +56,12 @@ def plan_of(counts, *, order=BLOCK, seed=7, batch=32, shards=4, rates=None, task
 @pytest.mark.parametrize("block_size", [1, 4, 16, 64, 5000])
 def test_every_epoch_is_a_bijection_with_its_inverse(size, block_size):
     for epoch in (1, 2, 10**9):
-        perm = BlockPermutation.for_epoch(3, "task", epoch, size, block_size)
+        order = BlockOrder(block_size)
+        perm = order.permutation(3, "task", epoch, size)
         values = [perm(i) for i in range(size)]
         assert sorted(values) == list(range(size)), (size, block_size, epoch)
         assert [perm.inverse(v) for v in values] == list(range(size))
-        vector = block_permute_many([perm], np.zeros(size, np.int64), np.arange(size))
+        vector = order.permute_many([perm], np.zeros(size, np.int64), np.arange(size))
         assert vector.tolist() == values
 
 
@@ -74,13 +73,13 @@ def test_every_epoch_is_a_bijection_with_its_inverse(size, block_size):
     seed=st.integers(0, 2**63 - 1),
 )
 def test_the_stream_of_positions_and_its_inverse_agree_in_any_epoch(size, block_size, epoch, seed):
-    order = EpochOrder.blocks(block_size)
+    order = BlockOrder(block_size)
     start = epoch * size
     seen = set()
     for position in range(start, start + size):
-        got_epoch, index = epoch_and_index_in(order, seed, "t", size, position)
+        got_epoch, index = order.epoch_and_index(seed, "t", size, position)
         assert got_epoch == epoch and 0 <= index < size
-        assert task_position_in(order, seed, "t", size, epoch, index) == position
+        assert order.task_position(seed, "t", size, epoch, index) == position
         seen.add(index)
     assert len(seen) == size
 
@@ -88,7 +87,7 @@ def test_the_stream_of_positions_and_its_inverse_agree_in_any_epoch(size, block_
 @pytest.mark.parametrize("size", [1, 63, 257, 1009])
 def test_blocks_are_contiguous_records_and_only_the_last_may_be_partial(size):
     block_size = 16
-    perm = BlockPermutation.for_epoch(11, "t", 4, size, block_size)
+    perm = BlockOrder(block_size).permutation(11, "t", 4, size)
     values = np.array([perm(i) for i in range(size)])
     for start in range(0, size, block_size):
         block = values[start : start + block_size]
@@ -98,21 +97,21 @@ def test_blocks_are_contiguous_records_and_only_the_last_may_be_partial(size):
 
 
 def test_epoch_zero_is_stored_order_and_each_later_epoch_its_own():
-    order = EpochOrder.blocks(8)
-    assert [epoch_and_index_in(order, 1, "t", 100, p) for p in range(100)] == [(0, p) for p in range(100)]
-    epochs = [tuple(epoch_and_index_in(order, 1, "t", 100, e * 100 + p)[1] for p in range(100)) for e in (1, 2, 3)]
+    order = BlockOrder(8)
+    assert [order.epoch_and_index(1, "t", 100, p) for p in range(100)] == [(0, p) for p in range(100)]
+    epochs = [tuple(order.epoch_and_index(1, "t", 100, e * 100 + p)[1] for p in range(100)) for e in (1, 2, 3)]
     assert len(set(epochs)) == 3
 
 
 def test_negative_controls_another_seed_task_block_size_or_order_differ():
     def order_of(order=BLOCK, seed=7, task="t"):
-        return [epoch_and_index_in(order, seed, task, 1025, 1025 + p)[1] for p in range(1025)]
+        return [order.epoch_and_index(seed, task, 1025, 1025 + p)[1] for p in range(1025)]
 
     base = order_of()
     assert base == order_of()  # deterministic
     assert base != order_of(seed=8)
     assert base != order_of(task="u")
-    assert base != order_of(order=EpochOrder.blocks(32))
+    assert base != order_of(order=BlockOrder(32))
     assert base != order_of(order=FEISTEL)
 
 
@@ -160,8 +159,8 @@ def test_epoch_one_billion_is_exact_and_inverts_through_locate_example():
         ((3,), 16, 2),  # a block longer than the task wraps once
     ],
 )
-def test_runs_per_block_counts_the_shard_boundaries_inside_a_block(counts, block_size, expected):
-    assert runs_per_block(ShardLayout(counts), block_size) == expected
+def test_extents_per_block_count_the_shard_boundaries_inside_a_block(counts, block_size, expected):
+    assert extents_per_block(ShardLayout(counts), block_size) == expected
 
 
 @settings(max_examples=25, deadline=None)
@@ -174,23 +173,22 @@ def test_runs_per_block_counts_the_shard_boundaries_inside_a_block(counts, block
 )
 def test_a_hosts_reads_per_step_never_exceed_the_stated_bound(counts, other, block_size, hosts, seed):
     plan = plan_of(
-        [counts, other], tasks=["a", "b"], rates={"a": 3, "b": 1}, order=EpochOrder.blocks(block_size),
+        [counts, other], tasks=["a", "b"], rates={"a": 3, "b": 1}, order=BlockOrder(block_size),
         seed=seed, batch=64, shards=hosts,
     )
     bound = reads_bound(plan, 64 // hosts)
     for step in [*range(40), 10**6, 10**6 + 1]:
         for d in range(hosts):
-            arrays = example_arrays(plan, slice_positions(plan, step, d))
-            bounds, *_ = arrays.grouped_runs(1, 2)
+            bounds, *_ = task_extents(plan, slice_positions(plan, step, d), 1)
             assert int(bounds[-1]) <= bound, (step, d, bound)
 
 
 def test_the_block_order_bounds_reads_where_the_per_record_order_does_not():
     counts = tuple([4096] * 16)
-    block = plan_of(counts, order=EpochOrder.blocks(64), batch=2048, shards=8)
+    block = plan_of(counts, order=BlockOrder(64), batch=2048, shards=8)
     feistel = plan_of(counts, order=FEISTEL, batch=2048, shards=8)
     step = 12_000  # epoch 375
-    reads = [len(assign(p, step, 3).runs) for p in (block, feistel)]
+    reads = [len(assign(p, step, 3).extents) for p in (block, feistel)]
     assert reads[0] <= reads_bound(block, 256) == 2 * (4 + 3) and reads[1] > 200
     assert reads_bound(feistel, 256) == 256
 
@@ -204,23 +202,27 @@ def test_a_plan_without_the_option_keeps_its_json_and_fingerprint():
     assert data["epoch_order"] == {"kind": "block", "block_size": 16}
     assert RunPlan.from_dict(data) == block
     assert block.fingerprint() != feistel.fingerprint()
-    assert plan_of((100, 23), order=EpochOrder.blocks(32)).fingerprint() != block.fingerprint()
+    assert plan_of((100, 23), order=BlockOrder(32)).fingerprint() != block.fingerprint()
 
 
 def test_bad_epoch_orders_are_named():
-    with pytest.raises(PlanError, match="needs a block size"):
-        EpochOrder("block")
+    with pytest.raises(PlanError, match=r"The block epoch order takes the options \['block_size'\] but got none"):
+        epoch_order("block")
     with pytest.raises(PlanError, match="needs a block size .* got 0"):
-        EpochOrder.blocks(0)
-    with pytest.raises(PlanError, match="has no block size"):
-        EpochOrder("feistel", 8)
-    with pytest.raises(PlanError, match="must be one of"):
-        EpochOrder("era")  # type: ignore[arg-type]  # the check under test refuses what the type forbids
+        BlockOrder(0)
+    with pytest.raises(PlanError, match=r"The feistel epoch order takes no options but got \['block_size'\]"):
+        epoch_order("feistel", block_size=8)
+    with pytest.raises(PlanError, match=r"must be one of \['block', 'feistel', 'windowed'\] but got 'era'"):
+        epoch_order("era")
     with pytest.raises(PlanError, match="must be an EpochOrder"):
         plan_of((10,), order="block")  # type: ignore[arg-type]  # as above
     data = plan_of((10,)).to_dict()
     with pytest.raises(PlanError, match="epoch_order must be an object"):
         RunPlan.from_dict({**data, "epoch_order": "block"})
+    with pytest.raises(PlanError, match=r"takes the options \['block_size'\] but got \['size'\]"):
+        RunPlan.from_dict({**data, "epoch_order": {"kind": "block", "size": 16}})
+    # The form a feistel order's dict once had (its block size null) still reads.
+    assert RunPlan.from_dict({**data, "epoch_order": {"kind": "feistel", "block_size": None}}).epoch_order == FEISTEL
     with pytest.raises(PlanError, match="unknown \\['era'\\]"):
         RunPlan.from_dict({**data, "era": 1})
     with pytest.raises(PlanError, match="Index must be an integer in \\[0, 10\\)"):
@@ -242,7 +244,7 @@ def test_with_stages_the_reads_stay_within_the_bound_and_each_record_read_is_fou
     """Stages change the rates (one leaves task b out) and the batch size; the bound covers every stage, and
     the inverse the ledger uses (occurrences) finds each read of a record at the step that read it."""
     base = plan_of(
-        [counts, other], tasks=["a", "b"], rates={"a": 3, "b": 1}, order=EpochOrder.blocks(block_size),
+        [counts, other], tasks=["a", "b"], rates={"a": 3, "b": 1}, order=BlockOrder(block_size),
         seed=seed, batch=32, shards=hosts,
     )
     stages = tuple(
@@ -254,8 +256,7 @@ def test_with_stages_the_reads_stay_within_the_bound_and_each_record_read_is_fou
     bound = reads_bound(plan, 64 // hosts)
     for step in [*range(0, 70, 3), 10**6]:
         for d in range(hosts):
-            arrays = example_arrays(plan, slice_positions(plan, step, d))
-            bounds, *_ = arrays.grouped_runs(1, 2)
+            bounds, *_ = task_extents(plan, slice_positions(plan, step, d), 1)
             assert int(bounds[-1]) <= bound, (step, d, bound)
     for step in (5, 61, 10**6):
         batch = [e for d in range(hosts) for e in assign(plan, step, d, hosts).examples]
