@@ -335,8 +335,11 @@ def test_plan_command_stores_the_block_epoch_order_and_states_its_reads_bound(ca
     assert "epoch_order" not in records.to_dict() and records.fingerprint() != plan.fingerprint()
     assert main([*argv, "--name", "x", "--epoch-order", "block"]) == 2
     assert "--epoch-order block: The block epoch order takes the options ['block_size'] but got none" in capsys.readouterr().err
-    assert main([*argv, "--name", "x", "--block-size", "4"]) == 2
+    assert main([*argv, "--name", "x", "--epoch-order", "feistel", "--block-size", "4"]) == 2
     assert "--epoch-order feistel: The feistel epoch order takes no options but got ['block_size']" in capsys.readouterr().err
+    assert main([*argv, "--name", "x", "--epoch-order", "block", "--block-size", "4", "--width", "4"]) == 2
+    assert ("--epoch-order block: The block epoch order takes the options ['block_size'] but got ['block_size', "
+            "'width']") in capsys.readouterr().err
 
 
 def test_plan_command_stores_the_windowed_order_by_default_and_states_its_requests_and_memory(caches, tmp_path,

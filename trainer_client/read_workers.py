@@ -520,10 +520,13 @@ def _drain(requests: io.BufferedReader, into: queue.SimpleQueue[bytes | None]) -
 def _serve(requests: io.BufferedReader, replies: IO[bytes], slot_fds: list[int]) -> None:
     setup = json.loads(_receive_message(requests, "the setup message"))
     info = RunInfo(RunPlan.from_dict(setup["plan"]), setup["split"])
-    reader = BatchReader(info, setup["lengths"], verify_crc=setup["verify_crc"], fetch=FetchOptions(**setup["fetch"]))
     local = setup["local"]
-    # With a local source the worker computes its steps' instructions as the iterator's source would.
+    # With a local source the worker computes its steps' instructions as the iterator's source would, and
+    # reads with the same cache readers (each sidecar loaded once per process).
     steps = None if local is None else (LocalAssignments(info.plan, local["version_dirs"]), HostSlice(*local["host_slice"]))
+    readers = None if steps is None else steps[0].readers
+    reader = BatchReader(info, setup["lengths"], verify_crc=setup["verify_crc"], readers=readers,
+                         fetch=FetchOptions(**setup["fetch"]))
     pending: queue.SimpleQueue[bytes | None] | None = None
     if steps is None or any(fs.is_remote(d) for d in local["version_dirs"].values()):
         # Requests are taken off the pipe as they come, so that this thread can see the steps waiting and
