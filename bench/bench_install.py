@@ -7,12 +7,16 @@ downloading, once the cache is warm):
 - **light**: ``[client]``, what a trainer host needs to read caches locally, on gs:// and through the server.
 - **full**: ``[cache,server,client,tf]``, what ``pip install 'taskdata[client]'`` installed before the
   cache job, the server and TensorFlow became extras (Beam, TensorFlow and tensorflow-text included).
+- **torch**: ``[torch]``, what a PyTorch trainer host installs (torch 2.13.0 CPU and torchdata, as the lock
+  pins them; a torch range alone would take the registry's CUDA build).
 
 For each: the wall time of the install, the size of the virtualenv (``du``), its number of distributions,
 and whether apache_beam, tensorflow and tensorflow_text are installed. The 1-minute load average is
 recorded before and after each install (the machine is shared).
 
-    PYTHONPATH=. python bench/bench_install.py [--write]
+    PYTHONPATH=. python bench/bench_install.py [--only torch] [--write]
+
+``--only`` measures the named installs alone and writes them to their own section.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._report import write_section
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-INSTALLS = {"light": "client", "full": "cache,server,client,tf"}
+INSTALLS = {"light": "client", "full": "cache,server,client,tf", "torch": "torch"}
 HEAVY = ("apache_beam", "tensorflow", "tensorflow_text")
 
 
@@ -62,15 +66,17 @@ def measure(name: str, extras: str, folder: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write", action="store_true", help="write the figures into BENCHMARKS.md")
+    parser.add_argument("--only", nargs="+", choices=sorted(INSTALLS), help="measure these installs alone")
     args = parser.parse_args()
+    names = args.only or list(INSTALLS)
     lines = []
     with tempfile.TemporaryDirectory(prefix="bench_install_") as folder:
-        for name, extras in INSTALLS.items():
-            line = measure(name, extras, folder)
+        for name in names:
+            line = measure(name, INSTALLS[name], folder)
             print(line, flush=True)
             lines.append(line)
     if args.write:
-        write_section("Trainer-host install", lines)
+        write_section("Trainer-host install" + (f" ({', '.join(names)})" if args.only else ""), lines)
 
 
 if __name__ == "__main__":

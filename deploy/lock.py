@@ -5,7 +5,8 @@ all), each at the version installed in the environment this runs in, the one the
 (Python 3.11, linux x86_64). CI installs with ``pip install -e '.[test]' -c requirements.lock``, so the
 tests run the versions that ship. The Docker image installs only its own part, the closure of the
 dependencies and the extras it runs (``IMAGE_EXTRAS``: the cache job, the server, the client, tf.data,
-seqio and plot): every other line ends with ``# not in the image``, and the Dockerfile leaves those lines out.
+seqio, plot and dask, so that the image can be a Dask cluster's worker): every other line ends with
+``# not in the image``, and the Dockerfile leaves those lines out.
 
     python deploy/lock.py            # rewrite requirements.lock
     python deploy/lock.py --check    # exit 1, saying what differs, if requirements.lock is not what this environment gives
@@ -27,7 +28,7 @@ __all__ = ["IMAGE_EXTRAS", "LOCK", "NOT_IN_IMAGE", "closure", "declared_requirem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCK = os.path.join(ROOT, "requirements.lock")
-IMAGE_EXTRAS = ("cache", "server", "client", "tf", "seqio", "plot")
+IMAGE_EXTRAS = ("cache", "server", "client", "tf", "seqio", "plot", "dask")
 NOT_IN_IMAGE = "# not in the image"
 
 

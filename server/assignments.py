@@ -32,7 +32,7 @@ from taskdata.index import CacheFiles, RunTables, StepJson, StepReads, StepSlice
 from taskdata.index.columns import ColumnEncoding
 from taskdata.runs import ResolvedCache, StoredRun
 
-__all__ = ["AnswerCache", "shards_body", "shards_body_parts", "step_json"]
+__all__ = ["AnswerCache", "shards_body", "step_json"]
 
 # Steps remembered (whole ones with their slices, ~100 KB each at 2,048): a lookahead window (<= 64
 # steps) of a few runs.
@@ -61,14 +61,6 @@ def shards_body(
     Its fingerprint is that of what decides the steps up to ``last_step`` (``RunPlan.fingerprint_before``):
     a stage appended later in the run leaves the answer of every earlier step unchanged, byte for byte.
     """
-    return b"".join(shards_body_parts(run, host, num_hosts, data_shard, last_step, steps))
-
-
-def shards_body_parts(
-    run: StoredRun, host: int, num_hosts: int, data_shard: int, last_step: int, steps: Sequence[bytes]
-) -> list[bytes]:
-    """``shards_body`` as the pieces it joins: the server's protocol writes them as they are (one ``writev``),
-    without copying the steps (30-50 KB for base64) into one more ``bytes``."""
     head = _head(run.name, run.plan.fingerprint_before(last_step + 1), run.split)
     numbers = b'%d,"num_hosts":%d,"data_shard":%d,"num_data_shards":%d,"steps":[' % (
         host,
@@ -76,13 +68,7 @@ def shards_body_parts(
         data_shard,
         run.plan.num_data_shards,
     )
-    parts = [head + numbers]
-    for i, step in enumerate(steps):
-        if i:
-            parts.append(b",")
-        parts.append(step)
-    parts.append(b"]}")
-    return parts
+    return b"".join((head, numbers, b",".join(steps), b"]}"))
 
 
 @functools.lru_cache(maxsize=256)

@@ -16,16 +16,15 @@ what was sent.
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
-from fastapi import Request
-from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.state import state_of
 
-__all__ = ["OPEN_PATHS", "RequestGuard", "require_token", "token_problem"]
+__all__ = ["OPEN_PATHS", "RequestGuard", "document_bearer_token", "token_problem"]
 
 OPEN_PATHS = frozenset({"/healthz"})  # load balancers probe it without credentials
 
@@ -126,21 +125,21 @@ async def _refuse(
     await JSONResponse({"detail": detail}, status_code=status, headers=headers)(scope, receive, send)
 
 
-class _BearerTokenDocs(HTTPBearer):
-    """Documents the bearer scheme on every protected operation of the OpenAPI schema.
+def document_bearer_token(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (the app's OpenAPI document, changed in place) with the bearer token on every operation but
+    those of ``OPEN_PATHS``.
 
-    The check itself is ``RequestGuard``'s, made before any route is reached; checking again here would
-    only repeat it (and come after the body is read).
+    The check itself is ``RequestGuard``'s, made before any route is reached, so no route declares it (a
+    FastAPI security dependency would only repeat it, after the body is read, on every request).
     """
-
-    # HTTPBearer takes any HTTPConnection and returns the credentials; this documentation-only dependency
-    # takes the Request and returns nothing.
-    async def __call__(self, request: Request) -> None:  # type: ignore[override]
-        return None
-
-
-require_token = _BearerTokenDocs(
-    auto_error=False,
-    scheme_name="HTTPBearer",
-    description="Required when the server is configured with a token.",
-)
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes["HTTPBearer"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "Required when the server is configured with a token.",
+    }
+    for path, operations in schema["paths"].items():
+        if path not in OPEN_PATHS:
+            for operation in operations.values():
+                operation["security"] = [{"HTTPBearer": []}]
+    return schema

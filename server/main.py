@@ -12,17 +12,16 @@ import contextlib
 import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from server.auth import RequestGuard, require_token
+from server.auth import RequestGuard, document_bearer_token
 from server.metrics import Metrics, MetricsMiddleware
 from server.routers import health, ledger, metrics, runs, shards, tasks
 from server.settings import Settings
-from server.shards_fast import AssignmentService
 from server.state import ServerConfigError, state_of
 from taskdata.cas import ContentionError
 from taskdata.define.registry import Registry, UnknownNameError
@@ -69,9 +68,9 @@ async def _method_not_allowed_lists_every_method(request: Request, error: Except
     return JSONResponse({"detail": error.detail}, status_code=405, headers={"Allow": ", ".join(allowed)})
 
 
-def create_app(settings: Settings | None = None, registry: Registry | None = None) -> AssignmentService:
+def create_app(settings: Settings | None = None, registry: Registry | None = None) -> FastAPI:
     """The app; ``settings`` default to the environment's, ``registry`` to the default one plus settings.modules."""
-    app = AssignmentService(
+    app = FastAPI(
         title="taskdata assignment service",
         version=API_VERSION,
         description="Which cache records every trainer host reads at every step of a deterministic run. Every "
@@ -88,12 +87,12 @@ def create_app(settings: Settings | None = None, registry: Registry | None = Non
     # Not app.dependency_overrides: while that holds anything, FastAPI re-analyses every dependency
     # of every request (measured: +0.4 ms per /shards answer). Tests may still override get_settings.
     app.state.settings = settings
-    protected = [Depends(require_token)]
-    app.include_router(health.router)
-    for module in (shards, runs, ledger, tasks, metrics):
-        app.include_router(module.router, dependencies=protected)
+    for module in (health, shards, runs, ledger, tasks, metrics):
+        app.include_router(module.router)
+    # FastAPI's way to extend the schema it generates: the token that RequestGuard checks, documented.
+    app.openapi = lambda: document_bearer_token(FastAPI.openapi(app))  # type: ignore[method-assign]
 
-    @app.get("/openapi.json", include_in_schema=False, dependencies=protected)
+    @app.get("/openapi.json", include_in_schema=False)  # behind the token like every route but /healthz
     async def openapi() -> JSONResponse:
         return JSONResponse(app.openapi())
 
@@ -107,8 +106,7 @@ def create_app(settings: Settings | None = None, registry: Registry | None = Non
     app.add_exception_handler(CacheUnavailableError, _error(503))
     app.add_exception_handler(ContentionError, _error(503))  # a run record other writers kept changing
     app.add_exception_handler(ServerConfigError, _error(500))
-    # The last added runs first: metrics see every answer, the guard's refusals included. (The plainly
-    # valid GET /shards requests that AssignmentService answers at the door get both checks there.)
+    # The last added runs first: metrics see every answer, the guard's refusals included.
     app.add_middleware(RequestGuard)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

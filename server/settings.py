@@ -60,7 +60,8 @@ class Settings(BaseSettings):
         64 << 10,
         ge=1024,
         le=16 << 20,
-        description="Largest request line plus headers accepted under 'taskdata serve'; larger ones get 431.",
+        description="Largest request line plus headers accepted under 'taskdata serve'; larger ones get 431 "
+        "(server.header_guard).",
     )
     header_timeout_seconds: float = Field(
         10.0,

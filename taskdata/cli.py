@@ -105,7 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "Beam pipeline options go after '--', e.g. 'taskdata cache --task X -- --runner=DataflowRunner "
                     "--project=P --region=R --temp_location=gs://B/tmp --setup_file=./setup.py'. Without --runner, "
                     "Beam's local Python runner is used ('-- --direct_running_mode=multi_processing "
-                    "--direct_num_workers=2' for several processes).",
+                    "--direct_num_workers=2' for several processes). On a Dask cluster: '-- --runner=dask "
+                    "--dask_client_address=tcp://HOST:8786' (Beam's apache_beam.runners.dask.dask_runner.DaskRunner; "
+                    "needs taskdata[dask]): the job first checks that the scheduler answers and that every worker "
+                    "loads the task and sees --output, then runs each source shard as one Dask task.",
     )
     p.add_argument("--task", help="task (or mixture: each of its tasks) to cache; or give --seqio-task / "
                                   "--seqio-mixture to cache seqio's")
@@ -299,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="BYTES",
-        help="largest request line plus headers (default 65536); larger: 431 and the connection is closed",
+        help="largest request line plus headers (default 65536); larger: 431 (none on a kept-alive connection's later "
+        "request) and the connection is closed",
     )
     limits.add_argument(
         "--header-timeout",
@@ -307,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="time to send a request line and headers, from connecting or from a request's first byte "
-        "(default 10); slower: 408 and the connection is closed",
+        "(default 10); slower: 408 (none on a kept-alive connection's later request) and the connection is closed",
     )
     limits.add_argument(
         "--keep-alive-timeout",
@@ -470,10 +474,24 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _quiet_beam_logs(debug: bool) -> None:
-    """Beam logs a failing worker's traceback before the job's own one-line error; show it only with --debug."""
+    """Beam logs a failing worker's traceback before the job's own one-line error, and Dask's client (with
+    --runner=dask) its lost connections; show them only with --debug."""
     import logging
 
     logging.getLogger("apache_beam").setLevel(logging.INFO if debug else logging.CRITICAL)
+    if debug:
+        return
+    # distributed sets its loggers' levels from Dask's config when it is imported (a later setLevel would lose).
+    quiet = {"distributed": "critical", "distributed.client": "critical"}
+    if "distributed" in sys.modules:
+        for name in quiet:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        return
+    try:
+        import dask
+    except ImportError:
+        return  # no Dask (taskdata[dask]): nothing of it can log
+    dask.config.set({"logging": quiet})
 
 
 def _log_seqio_location(version_dir: str, quiet: bool) -> None:
@@ -855,11 +873,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from taskdata.extras import require
 
     require("fastapi", "server", "taskdata serve")
-    import uvicorn
 
     from server.main import create_app
+    from server.serving import serve
     from server.settings import Settings
     from server.state import state_of
+    from taskdata.exits import EXIT_DATA
 
     given = {
         "cache_root": args.cache_root,
@@ -886,28 +905,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     runs = [name for name, _ in state.run_names()]
     print(f"taskdata serve: cache root {state.resolver.cache_root}; {len(runs)} run(s): "
           f"{', '.join(runs) or 'none yet (create one with taskdata plan)'}", file=sys.stderr, flush=True)
-    uvicorn.run(app, **serve_options(settings, app, access_log=not args.no_access_log))
+    if not serve(app, settings, access_log=not args.no_access_log):
+        return EXIT_DATA  # uvicorn said why (e.g. the port is taken)
     return 0
-
-
-def serve_options(settings: Settings, app: Any, *, access_log: bool) -> dict[str, Any]:
-    """``uvicorn.run``'s options for ``taskdata serve``: its protocol carries ``app``'s door (``server.protocol``)."""
-    from server.protocol import limited_protocol
-
-    return {
-        "host": settings.host,
-        "port": settings.port,
-        "access_log": access_log,
-        "log_level": "info",
-        "workers": 1,
-        # httptools (a declared dependency) with the header limits uvicorn lacks and the app's door for
-        # GET /shards; uvloop is picked too where it is installed. No WebSocket route exists, so no
-        # upgrade is accepted.
-        "http": limited_protocol(settings, app),
-        "ws": "none",
-        # uvicorn annotates int, but only hands it to loop.call_later, which takes float seconds.
-        "timeout_keep_alive": settings.keep_alive_seconds,
-    }
 
 
 def _serve_settings(settings_type: type[Settings], given: dict[str, Any]) -> Settings:

@@ -3,7 +3,8 @@
 ``pip install taskdata`` is what every trainer host needs to read caches (locally, on gs://, or through
 the server with ``taskdata[client]``): no Apache Beam, TensorFlow or tensorflow-text. The rest comes as
 extras (pyproject.toml): ``cache`` (the Beam job), ``server``, ``client`` (JAX, orbax, Grain, httpx),
-``tf`` (tf.data), ``seqio``, ``t5x``, ``eval``, ``plot``; ``test`` installs them all.
+``tf`` (tf.data), ``seqio``, ``t5x``, ``torch`` (PyTorch datasets), ``eval``, ``plot``, ``dask`` (the cache job on
+a Dask cluster); ``test`` installs them all.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ __all__ = [
     "read_many",
     "size",
     "sizes_in",
+    "temporary_path",
     "write_atomic",
 ]
 
@@ -143,6 +144,18 @@ def makedirs(path: str) -> None:
     fs.makedirs(inner, exist_ok=True)
 
 
+def temporary_path(path: str, tmp_dir: str | None = None) -> str:
+    """A unique local path to write ``path`` (local) under before it is renamed into place: beside it, or in
+    ``tmp_dir`` (created if missing; it must be on the same file system), where a writer killed half-way leaves
+    its partial file instead of beside the finished ones."""
+    inner = filesystem(path)[1]
+    if tmp_dir is None:
+        return f"{inner}.tmp-{uuid.uuid4().hex}"
+    folder = filesystem(tmp_dir)[1]
+    os.makedirs(folder, exist_ok=True)
+    return f"{folder}/{inner.rsplit('/', 1)[-1]}.tmp-{uuid.uuid4().hex}"
+
+
 def write_atomic(path: str, data: bytes) -> None:
     """Writes ``data`` so that ``path`` either does not exist or holds all of it."""
     fs, inner = filesystem(path)
@@ -154,7 +167,7 @@ def write_atomic(path: str, data: bytes) -> None:
         return
     parent = inner.rsplit("/", 1)[0]
     fs.makedirs(parent, exist_ok=True)
-    tmp = f"{inner}.tmp-{uuid.uuid4().hex}"
+    tmp = temporary_path(path)
     with fs.open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, inner)

@@ -152,6 +152,13 @@ def test_the_server_never_builds_caches_and_meets_the_client_only_over_http():
     assert _offenders("trainer_client", ("server", "taskdata.beam", "apache_beam", "fastapi")) == {}
 
 
+def test_uvicorn_is_used_through_its_top_level_api_alone():
+    # No framework internals (DESIGN.md): uvicorn's protocols, loops and server classes may change in any release.
+    hits = {name: sorted(m for m in _imports(name, path) if m.startswith("uvicorn.")) for name, path in MODULES.items()}
+    assert {name: found for name, found in hits.items() if found} == {}
+    assert "uvicorn" in _imports("server.serving", MODULES["server.serving"])  # (the negative control: it is seen)
+
+
 def _loaded_with(name: str) -> set[str]:
     """Every module importing ``name`` loads (what its module level and its internal modules' import)."""
     seen, todo, external = set(), [name], set()

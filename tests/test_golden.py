@@ -23,10 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import random
+import re
+import shutil
+import socket
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from server.main import create_app
 from server.settings import Settings
@@ -34,6 +40,7 @@ from taskdata.cache.reader import CacheReader
 from taskdata.index import BatchSchedule, BlockOrder, RunPlan, Stage, TaskCache
 from taskdata.runs import RunStore, StoredRun
 from tests.cache_helpers import build
+from tests.server_helpers import Server, environment
 
 pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
@@ -140,6 +147,161 @@ def test_shards_bodies_are_pinned(golden, run, step, encoding):
     body = _normalised(response.content, root, dirs)
     key = f"{step}/{encoding}" if run == "golden" else f"{run}/{step}/{encoding}"
     assert hashlib.sha256(body).hexdigest() == SHARDS_BODY_SHA256.get(key), (key, body[:400])
+
+
+# --- every /shards answer, pinned before its shortcuts were removed (issue 36) ---------------------------
+#
+# Recipe: the ``golden`` run above, served with the bearer token TOKEN; ``shards_requests(seed=36, count=240)``
+# (random queries, valid and not, with good, missing and wrong tokens). Each answer is recorded as its status,
+# its headers but ``date`` and ``content-length`` (checked against the body's length instead) and its body,
+# the cache root and version folders replaced as above. ``tests/data/golden_shards_answers.json`` holds the
+# first 16 hex digits of each record's sha256, recorded at commit 4a51cea, when three implementations answered
+# GET /shards (the route, an answer before routing, an answer at uvicorn's protocol). ``RAW_ANSWERS`` pins the
+# bytes ``taskdata serve --no-access-log`` wrote on the socket for a few requests at that commit.
+
+TOKEN = "golden-token-36"
+ANSWERS_FILE = Path(__file__).parent / "data" / "golden_shards_answers.json"
+READ_DEADLINE = 20.0  # seconds any one socket read may take
+
+
+@pytest.fixture(scope="module")
+def golden_only(golden, tmp_path_factory):
+    """The golden caches with the ``golden`` run alone, as when the answers below were recorded (an unknown
+    run's 404 names the runs there are; ``golden_block`` came later)."""
+    root, dirs = golden
+    copy = tmp_path_factory.mktemp("golden_only") / "caches"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("golden_block*"))
+    return copy, {task: str(copy / Path(d).relative_to(root)) for task, d in dirs.items()}
+
+
+def shards_requests(seed: int, count: int) -> list[tuple[str, dict[str, str]]]:
+    """Random ``GET /shards`` requests of the golden run: about 3 in 4 valid, the rest wrong in one way."""
+    rng = random.Random(seed)
+    good = {"Authorization": f"Bearer {TOKEN}"}
+    steps = ["0", "1", "2", "5", "9", "100", "101", "1000000", str(10**15), str(2**53 - 17)]
+    wrong = [("host", "x"), ("host", "-1"), ("host", "01"), ("host", "4"), ("step", "-1"), ("step", str(2**53)),
+             ("steps", "0"), ("steps", "65"), ("num_hosts", "0"), ("num_hosts", "3"), ("encoding", "hex"),
+             ("run", "nope"), ("run", "_bad"), ("bogus", "1"), ("step", None), ("host", None)]  # fmt: skip
+    requests = []
+    for _ in range(count):
+        num_hosts = rng.choice([None, 1, 2, 4, 8, 16])
+        params: dict[str, str | None] = {
+            "host": str(rng.randrange(4 if num_hosts is None else num_hosts)),
+            "step": rng.choice(steps),
+            "run": rng.choice(["golden", "golden", "gold%65n"]),
+        }
+        if num_hosts is not None:
+            params["num_hosts"] = str(num_hosts)
+        if rng.random() < 0.5:
+            params["steps"] = rng.choice(["1", "2", "3", "16"])
+        if rng.random() < 0.7:
+            params["encoding"] = rng.choice(["ints", "base64", "compact", "compact"])
+        if rng.random() < 0.2:
+            name, value = rng.choice(wrong)
+            params[name] = value  # None: left out
+        pairs = [(name, value) for name, value in params.items() if value is not None]
+        rng.shuffle(pairs)
+        if rng.random() < 0.05:
+            pairs.append(pairs[0])  # a parameter twice
+        query = "&".join(f"{name}={value}" for name, value in pairs)
+        headers = rng.choices([good, {}, {"Authorization": f"Bearer {TOKEN}x"}], weights=(0.92, 0.04, 0.04))[0]
+        requests.append((f"/shards?{query}", headers))
+    return requests
+
+
+def answer_digest(status: int, headers: list[tuple[str, str]], body: bytes, root: Path, dirs: dict[str, str]) -> str:
+    kept = []
+    for name, value in headers:
+        if name == "content-length":
+            assert int(value) == len(body), (headers, len(body))
+        elif name != "date":
+            kept.append(f"{name}: {value}")
+    record = f"{status}\n" + "\n".join(kept) + "\n\n"
+    return hashlib.sha256(record.encode() + _normalised(body, root, dirs)).hexdigest()[:16]
+
+
+def test_shards_answers_to_random_requests_are_pinned(golden_only):
+    root, dirs = golden_only
+    pinned = json.loads(ANSWERS_FILE.read_text())
+    requests = shards_requests(seed=36, count=240)
+    assert len(pinned) == len(requests)
+    app = create_app(Settings(cache_root=str(root), token=SecretStr(TOKEN)))
+    statuses = []
+    with TestClient(app) as client:
+        for i, (path, headers) in enumerate(requests):
+            response = client.get(path, headers=headers)
+            statuses.append(response.status_code)
+            digest = answer_digest(response.status_code, response.headers.items(), response.content, root, dirs)
+            assert digest == pinned[i], (i, path, headers, response.status_code, response.content[:300])
+    assert {200, 400, 401, 404, 422} <= set(statuses) and statuses.count(200) > len(requests) / 3
+
+
+# Request targets, sent in this order on one kept-alive connection with the token (the last also with
+# ``Connection: close``), and then one without the token on a new connection.
+RAW_REQUESTS = {
+    "compact": "/shards?run=golden&host=1&num_hosts=4&step=0&steps=2&encoding=compact",
+    "compact again": "/shards?run=golden&host=1&num_hosts=4&step=0&steps=2&encoding=compact",
+    "base64": "/shards?host=3&step=100&run=golden&encoding=base64",
+    "ints, a window": "/shards?host=0&step=200&steps=16&run=golden&num_hosts=2",
+    "percent-encoded": "/shards?run=gold%65n&host=1&num_hosts=4&step=0&steps=2&encoding=compact",
+    "host out of range": "/shards?run=golden&host=4&step=0",
+    "invalid step": "/shards?run=golden&host=0&step=-1",
+    "unknown run": "/shards?run=nope&host=0&step=0",
+    "closing": "/shards?run=golden&host=2&step=101&encoding=compact",
+    "no token": "/shards?run=golden&host=2&step=101&encoding=compact",
+}
+RAW_ANSWERS = {  # name: (head, with date and content-length as *; the body's digest)
+    "compact": ("HTTP/1.1 200 OK\r\ndate: *\r\nserver: uvicorn\r\ncontent-length: *\r\ncontent-type: application/json", "8531ee79a7c740e2"),
+    "compact again": ("HTTP/1.1 200 OK\r\ndate: *\r\nserver: uvicorn\r\ncontent-length: *\r\ncontent-type: application/json", "8531ee79a7c740e2"),
+    "base64": ("HTTP/1.1 200 OK\r\ndate: *\r\nserver: uvicorn\r\ncontent-length: *\r\ncontent-type: application/json", "7dc961801f9186cc"),
+    "ints, a window": ("HTTP/1.1 200 OK\r\ndate: *\r\nserver: uvicorn\r\ncontent-length: *\r\ncontent-type: application/json", "4e6ab6c566307227"),
+    "percent-encoded": ("HTTP/1.1 200 OK\r\ndate: *\r\nserver: uvicorn\r\ncontent-length: *\r\ncontent-type: application/json", "8531ee79a7c740e2"),
+    "host out of range": ("HTTP/1.1 400 Bad Request\r\ndate: *\r\nserver: uvicorn\r\ncontent-length: *\r\ncontent-type: application/json", "98581408a82dce7f"),
+    "invalid step": ("HTTP/1.1 422 Unprocessable Entity\r\ndate: *\r\nserver: uvicorn\r\ncontent-length: *\r\ncontent-type: application/json", "2caf93b9d1b7f55e"),
+    "unknown run": ("HTTP/1.1 404 Not Found\r\ndate: *\r\nserver: uvicorn\r\ncontent-length: *\r\ncontent-type: application/json", "d106bd27c7d26db4"),
+    "closing": ("HTTP/1.1 200 OK\r\ndate: *\r\nserver: uvicorn\r\ncontent-length: *\r\ncontent-type: application/json\r\nconnection: close", "83ce787e8edd529f"),
+    "no token": ("HTTP/1.1 401 Unauthorized\r\ndate: *\r\nserver: uvicorn\r\nwww-authenticate: Bearer\r\ncontent-length: *\r\ncontent-type: application/json", "9456fadd5631f19a"),
+}
+
+
+def _read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or pytest.fail(f"closed after {data!r}")
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"\r\ncontent-length: (\d+)", head).group(1))
+    while len(body) < length:
+        body += sock.recv(65536) or pytest.fail(f"closed after {head + body!r}")
+    assert len(body) == length, "more bytes than the answer's content-length"
+    return head, body
+
+
+def test_the_bytes_taskdata_serve_writes_are_pinned(golden_only, tmp_path):
+    root, dirs = golden_only
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    args = ["--cache-root", str(root), "--token-file", str(token), "--no-access-log"]
+    server = Server(args, environment(tmp_path), tmp_path / "server.log")
+    got = {}
+    try:
+        names = list(RAW_REQUESTS)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=READ_DEADLINE) as sock:
+            for name in names[:-1]:
+                close = b"Connection: close\r\n" if name == "closing" else b""
+                sock.sendall(f"GET {RAW_REQUESTS[name]} HTTP/1.1\r\nHost: golden\r\nAuthorization: Bearer {TOKEN}\r\n"
+                             .encode() + close + b"\r\n")  # fmt: skip
+                got[name] = _read_answer(sock)
+            assert sock.recv(65536) == b""  # closed after "closing"
+        with socket.create_connection(("127.0.0.1", server.port), timeout=READ_DEADLINE) as sock:
+            sock.sendall(f"GET {RAW_REQUESTS[names[-1]]} HTTP/1.1\r\nHost: golden\r\n\r\n".encode())
+            got[names[-1]] = _read_answer(sock)
+    finally:
+        server.stop()
+    for name, (head, body) in got.items():
+        head = re.sub(rb"\r\ndate: [^\r]*", b"\r\ndate: *", head)
+        head = re.sub(rb"\r\ncontent-length: \d+", b"\r\ncontent-length: *", head)
+        digest = hashlib.sha256(_normalised(body, root, dirs)).hexdigest()[:16]
+        assert (head.decode(), digest) == RAW_ANSWERS[name], (name, head, body[:300])
 
 
 # Span corruption's records, made in columns (ExampleBatch, issue 21): pinned from the per-example code

@@ -392,14 +392,14 @@ def test_a_fresh_beam_worker_loads_a_module_that_imports_seqio_plainly(tmp_path)
     import subprocess
     import sys
 
-    # A remote worker inherits no environment from the launcher: _load_task prepares the import itself.
+    # A remote worker inherits no environment from the launcher: load_task prepares the import itself.
     # The task's fingerprint is checked after it is loaded, so a wrong expected one proves it loaded.
     code = (
-        "from taskdata.beam.pipeline import CacheJobSpec, _load_task\n"
+        "from taskdata.beam.pipeline import CacheJobSpec, load_task\n"
         f"spec = CacheJobSpec(task='seqio_toy_lines', task_fingerprint='0' * 64, modules=({MODULE!r},), "
         f"config=({str(tmp_path)!r}, None, None), seed=0, version_dir='unused', tmp_dir='unused', "
         "num_shards=(('train', 1),), seqio_tasks=('seqio_toy_lines',))\n"
-        "try:\n    _load_task(spec)\nexcept RuntimeError as e:\n    print(e)\n"
+        "try:\n    load_task(spec)\nexcept RuntimeError as e:\n    print(e)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TEMPORARILY_DISABLE_PROTOBUF_VERSION_CHECK"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)

@@ -23,12 +23,14 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
+import server.assignments as assignments
 from server.assignments import AnswerCache, step_json
 from server.metrics import BUCKETS
 from server.models import MAX_STEP, ReadColumns, ShardsResponse, TaskReads
 from server.settings import Settings, get_settings
 from taskdata.cache.tfrecord import iter_records
 from taskdata.index import (
+    PlanError,
     RunPlan,
     RunTables,
     assign,
@@ -37,6 +39,7 @@ from taskdata.index import (
     global_batch,
     slice_positions,
     step_slices,
+    to_json,
 )
 from taskdata.index.columns import column_values
 from tests.helpers import metric_samples
@@ -774,3 +777,97 @@ def test_answers_are_identical_across_apps_and_the_step_cache_never_changes_them
     other.write_text(json.dumps([mix_run(env.root, seed=8).to_dict()]))
     with make_client(types.SimpleNamespace(root=env.root, runs_file=other)) as reseeded:
         assert [reseeded.get("/shards", params=p).content for p in params] != answers
+
+
+def test_errors_inside_an_answer_are_worded_by_the_apps_handlers_and_counted(env, monkeypatch):
+    async def plan_error(state, **fields):
+        raise PlanError("No such step in this plan.")
+
+    async def bug(state, **fields):
+        raise RuntimeError("a bug")
+
+    for failure, status, body in ((plan_error, 400, b'{"detail":"No such step in this plan."}'),
+                                  (bug, 500, b"Internal Server Error")):  # fmt: skip
+        monkeypatch.setattr("server.routers.shards._answer", failure)
+        with TestClient(make_app(env), raise_server_exceptions=False) as client:
+            response = client.get("/shards?host=0&step=0")
+            scraped = metric_samples(client.get("/metrics").text)["taskdata_http_requests_total"]
+        assert (response.status_code, response.content) == (status, body)
+        assert scraped[(("method", "GET"), ("route", "/shards"), ("status", str(status)))] == 1
+
+
+# --- the step cache: whole steps when hosts share them, bounded memory ----------------------------------
+
+
+@pytest.fixture
+def tables(env):
+    app = make_app(env)
+    with TestClient(app):
+        state = app.state.server
+        run, _ = state.find_run("mix")
+        caches = state.resolver.resolve_run(run)
+    return RunTables.of(run.plan, caches)
+
+
+def counting(monkeypatch) -> dict[str, int]:
+    calls = {"alone": 0, "whole": 0}
+    real = assignments.step_slices
+
+    def counted(*args, only=None):
+        calls["whole" if only is None else "alone"] += 1
+        return real(*args, only=only)
+
+    monkeypatch.setattr(assignments, "step_slices", counted)
+    return calls
+
+
+def test_hosts_of_a_step_share_its_index_math_and_lone_requests_compute_their_slice_alone(tables, monkeypatch):
+    calls = counting(monkeypatch)
+    cache = AnswerCache(0)
+
+    def ask(step, hosts):
+        for host in hosts:
+            body = step_json(cache, "mix", tables, step, host, 4, "base64")
+            assert body == to_json(step_slices(tables, step, 4, only=host)[0], "base64")
+
+    ask(5, [2])  # a new step, nothing known of the run: this slice alone
+    assert calls == {"alone": 1, "whole": 0}
+    ask(5, [0, 1, 3])  # its second host computes the whole step; the others cut from it
+    assert calls == {"alone": 1, "whole": 1}
+    ask(6, [1, 0, 2, 3])  # the run's last new step was shared: the whole of the next at once
+    assert calls == {"alone": 1, "whole": 2}
+    ask(7, [0])  # one of the last two was shared: whole (two steps too many when the hosts stop sharing)
+    ask(8, [3])
+    assert calls == {"alone": 1, "whole": 4}
+    ask(9, [1])  # the last two were asked for once each: alone again
+    ask(10, [2])
+    assert calls == {"alone": 3, "whole": 4}
+    # Hosts in step again, two steps in flight: the first of a step comes before the second of the step
+    # before. Once they share, a new step is computed whole even then.
+    ask(12, [0])
+    ask(13, [0])
+    ask(12, [1, 2, 3])
+    ask(13, [1, 2, 3])
+    assert calls == {"alone": 5, "whole": 6}
+    ask(14, [0])
+    ask(15, [0])  # the step before has one host so far, the one before that all four: whole
+    ask(14, [1, 2, 3])
+    ask(15, [1, 2, 3])
+    assert calls == {"alone": 5, "whole": 8}
+    step_json(cache, "mix", tables, 21, 0, 2, "ints")  # another slice count keeps its own record
+    assert calls["alone"] == 6
+
+
+def test_the_step_caches_are_bounded(tables):
+    cache = AnswerCache(5)
+    for step in range(3 * assignments._STEPS):
+        for host in (0, 1):
+            step_json(cache, "mix", tables, step, host, 4, "ints")
+        cache.put(("mix", "f", 4, 0, step, "ints"), b"{}")
+    for count in range(1, 2 * assignments._STEPS):  # many (run, slice count) records
+        cache.step_reads(f"run{count}", tables, 0, 0, 1)
+    assert len(cache) == 5 and len(cache._steps) == assignments._STEPS
+    assert len(cache._latest) == assignments._STEPS
+    nothing = AnswerCache(0)
+    nothing.put(("mix", "f", 4, 0, 0, "ints"), b"{}")
+    assert len(nothing) == 0

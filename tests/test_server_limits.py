@@ -1,8 +1,8 @@
 """Header limits and timeouts of ``taskdata serve`` (issue 15): a real uvicorn process on 127.0.0.1, raw sockets.
 
 uvicorn's httptools protocol bounds neither the size of a request's headers nor the time they take to
-arrive; ``server.protocol.LimitedHttpToolsProtocol`` does. Every wait here has a deadline, and the
-servers are stopped by their pid.
+arrive; ``server.header_guard`` does, in front of it. Every wait here has a deadline, and the servers are
+stopped by their pid.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 import contextlib
 import io
 import socket
+import subprocess
+import sys
 import threading
 import time
-import types
 from pathlib import Path
 
 import pytest
 
-from server.protocol import _HeadWithBody
 from server.settings import Settings
 from taskdata.cli import build_parser
 from tests.server_helpers import Server, environment
@@ -229,46 +229,7 @@ def test_the_help_states_the_settings_defaults():
     assert f"(default {defaults['keep_alive_seconds'].default:g};" in text
 
 
-class _Transport:
-    def __init__(self):
-        self.sends: list[bytes] = []
-        self.closed = False
-
-    def write(self, data):
-        self.sends.append(bytes(data))
-
-    def writelines(self, chunks):
-        self.sends.append(b"".join(chunks))  # one send, as uvloop's writev
-
-    def close(self):
-        self.closed = True
-
-    def is_closing(self):
-        return self.closed
-
-
-def test_a_response_head_leaves_with_its_body_in_one_send():
-    transport = _Transport()
-    cycle = types.SimpleNamespace(response_started=False)
-    writer = _HeadWithBody(cycle, transport)
-    writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # before the response starts: at once
-    assert transport.sends == [b"HTTP/1.1 100 Continue\r\n\r\n"]
-    cycle.response_started = True
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n")
-    assert len(transport.sends) == 1  # the head waits for the body
-    writer.write(b"body")
-    writer.write(b"more")
-    assert transport.sends[1:] == [b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nbody", b"more"]
-    # An answer that fails after its head: the head is written before the connection closes, as before.
-    transport = _Transport()
-    writer = _HeadWithBody(types.SimpleNamespace(response_started=True), transport)
-    writer.write(b"HTTP/1.1 200 OK\r\n\r\n")
-    writer.close()
-    assert transport.sends == [b"HTTP/1.1 200 OK\r\n\r\n"] and transport.closed
-
-
-def test_responses_arrive_whole_through_the_head_holding_transport(quick):
-    # A HEAD answer has no body to carry its head: it is written at once. Keep-alive on one connection.
+def test_head_and_get_answers_arrive_whole_on_one_kept_alive_connection(quick):
     sock = connect(quick)
     assert send(sock, get("/healthz"))
     assert read_response(sock).endswith(b'{"status":"ok"}')
@@ -280,3 +241,50 @@ def test_responses_arrive_whole_through_the_head_holding_transport(quick):
     assert send(sock, get("/healthz"))
     assert read_response(sock).endswith(b'{"status":"ok"}')
     sock.close()
+
+
+def test_a_later_request_that_breaks_a_limit_closes_its_connection_without_an_answer(quick):
+    # An answer to the request before may still be under way on a kept-alive connection: nothing is written
+    # into it, the connection is closed. The guard finds where each request ends, bodies and pipelining too.
+    auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
+    body = b'{"name": "x"}' + b" " * 3000
+    post = b"POST /runs HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" + auth
+    post += b"Content-Length: %d\r\n\r\n" % len(body) + body
+    with connect(quick) as sock:
+        send(sock, post + get("/healthz"))  # two requests in one send, the first with a body
+        answers = b""
+        while not answers.endswith(b'{"status":"ok"}'):  # both answers (they may come in one read)
+            answers += sock.recv(65536) or pytest.fail(f"closed after {answers!r}")
+        assert status_of(answers) == 422 and answers.count(b"HTTP/1.1 ") == 2
+        send(sock, get("/healthz", b"X-Big: " + b"a" * 9000 + b"\r\n"))
+        assert read_until_closed(sock)[0] == b""
+    with connect(quick) as sock:
+        send(sock, get("/healthz"))
+        assert status_of(read_response(sock)) == 200
+        started = time.monotonic()
+        send(sock, b"GET /hea")  # the next request's first bytes, and nothing more
+        answer, closed = read_until_closed(sock)
+    assert answer == b"" and 0.9 <= closed - started < 5  # the 1 s header deadline
+
+
+def test_bytes_after_an_upgrade_request_close_the_connection(quick):
+    # No upgrade is accepted (no WebSocket route); uvicorn answers such a request as any other but reads no
+    # further request on its connection, so nothing more may be sent on it.
+    with connect(quick) as sock:
+        send(sock, get("/healthz", b"Connection: Upgrade\r\nUpgrade: h2c\r\n"))
+        assert read_response(sock).endswith(b'{"status":"ok"}')
+        send(sock, get("/healthz"))
+        assert read_until_closed(sock)[0] == b""
+
+
+def test_serve_exits_3_when_it_cannot_listen(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "taskdata", "serve", "--cache-root", str(tmp_path), "--port", str(port)],
+            env=environment(tmp_path), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert "address already in use" in done.stderr

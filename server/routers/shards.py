@@ -17,17 +17,16 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from server.assignments import shards_body_parts, step_json
+from server.assignments import shards_body, step_json
 from server.models import MAX_STEP, ErrorResponse, ShardsQuery, ShardsResponse
 from server.state import ServerState, first_use, get_state
 from taskdata.index import PlanError, ReadsError, host_slice_for
 from taskdata.index.columns import ColumnEncoding
 from taskdata.runs import ResolvedCache, StoredRun
 
-__all__ = ["PATH", "answer", "answer_now", "router"]
+__all__ = ["router"]
 
 router = APIRouter(tags=["shards"])
-PATH = "/shards"
 
 # FastAPI's type of a route's extra OpenAPI responses (free-form JSON objects).
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -72,7 +71,7 @@ def _query_parameters() -> list[dict]:
 
 
 @router.get(
-    PATH,
+    "/shards",
     response_model=ShardsResponse,
     responses={**_ERRORS, 422: _INVALID_PARAMETERS},
     summary="Read instructions of one host for a window of steps",
@@ -81,19 +80,18 @@ def _query_parameters() -> list[dict]:
 async def get_shards(request: Request) -> Response:
     # The parameters are read here with ShardsQuery rather than declared one by one: FastAPI's per-request
     # work for six declared parameters and two dependencies was ~80 us, as much as computing an answer.
-    # The schema documents them from the same model (openapi_extra above). Plainly valid requests do not
-    # come here: server.shards_fast answers them before FastAPI's routing, with the same answer().
+    # The schema documents them from the same model (openapi_extra above).
     try:
         query = ShardsQuery.model_validate(dict(request.query_params))
     except ValidationError as error:
         raise RequestValidationError(
             [{**e, "loc": ("query", *e["loc"])} for e in error.errors(include_url=False)]
         ) from None
-    body = await answer(await get_state(request), **query.model_dump())
+    body = await _answer(await get_state(request), **query.model_dump())
     return Response(body, media_type="application/json")
 
 
-async def answer(state: ServerState, **query: Any) -> bytes:
+async def _answer(state: ServerState, **query: Any) -> bytes:
     """The body of ``GET /shards`` for the fields of a ``ShardsQuery`` (``host``, ``step``, ``steps``, ``run``,
     ``num_hosts``, ``encoding``) that it validated; HTTPException (400, 404, 503) or the errors of the run's
     caches (``server.main``'s exception handlers answer them) otherwise."""
@@ -109,27 +107,6 @@ async def answer(state: ServerState, **query: Any) -> bytes:
         await anyio.to_thread.run_sync(steps_to_do.compute)
     else:
         steps_to_do.compute()
-    return b"".join(steps_to_do.body())
-
-
-def answer_now(state: ServerState, **query: Any) -> list[bytes] | None:
-    """``answer``'s body, as pieces to write one after another (``shards_body_parts``), when it can be had
-    without waiting (the run's caches already found and verified, at most one step's index math to do:
-    steps the answer cache keeps whole need only their JSON), else None; it raises what ``answer`` raises.
-
-    The same function of the same state as ``answer`` (its code, less the two awaits): the server's
-    protocol answers plainly valid requests with it before any ASGI task exists (``server.protocol``).
-    """
-    asked = _asked(state, **query)
-    if asked.unreserved:
-        return None  # answer raises the run's served_before first (a write of its record) in a worker thread
-    caches = state.resolver.cached(asked.stored)
-    if not caches:
-        return None  # first use: the run's caches are found and verified in a thread (state.first_use)
-    steps_to_do = _StepsToDo(state, asked, caches)
-    if steps_to_do.index_math() > 1:
-        return None  # answer runs several steps' index math in a worker thread
-    steps_to_do.compute()
     return steps_to_do.body()
 
 
@@ -229,9 +206,9 @@ class _StepsToDo:
             cache.put(self.keys[i], part)
         self.missing = []
 
-    def body(self) -> list[bytes]:
-        """The answer's pieces (``shards_body_parts``)."""
+    def body(self) -> bytes:
+        """The answer (``shards_body``)."""
         asked = self.asked
         assert not self.missing, "compute() first"
         last = asked.step + asked.steps - 1
-        return shards_body_parts(asked.stored, asked.host, asked.hosts, asked.data_shard, last, self.parts)  # type: ignore[arg-type]
+        return shards_body(asked.stored, asked.host, asked.hosts, asked.data_shard, last, self.parts)  # type: ignore[arg-type]

@@ -58,7 +58,7 @@ from taskdata.cache.stats import FeatureStats
 from taskdata.config import Config
 
 if TYPE_CHECKING:  # imported when the job runs: Beam only then, and the pipeline module imports Beam
-    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
 
     from taskdata.beam.pipeline import CacheJobSpec
     from taskdata.define.registry import Registry
@@ -135,7 +135,8 @@ def run_cache_job(options: CacheOptions, registry: Registry, log: Callable[[str]
         task.source.check_split(split)
     task_fingerprint = task.fingerprint()
     _check_output_is_a_folder(options.output)
-    root = task_dir(options.output, task.name)
+    # Absolute: workers (a Dask cluster's, a remote runner's) do not run in the launcher's current folder.
+    root = task_dir(_absolute(options.output), task.name)
     # What this job replaces: CURRENT moves from this only (the module docstring says when it moves at all).
     started_on = cas.read(fs.join(root, CURRENT))
     remove_abandoned_versions(root, options.stale_after_s, log)
@@ -158,11 +159,14 @@ def run_cache_job(options: CacheOptions, registry: Registry, log: Callable[[str]
         work.extend((split, i, path) for i, path in enumerate(shards))
         num_shards[split] = options.num_shards or _default_num_shards(task.source.estimated_bytes(split))
 
+    from taskdata.beam import runners
+
+    pipeline_options = runners.pipeline_options(options.beam_args, len(work))
     version = version_name(datetime.datetime.now(datetime.UTC), uuid.uuid4().hex[:8])
     version_dir = fs.join(root, version)
     tmp_dir = fs.join(version_dir, "_tmp")
     fs.makedirs(tmp_dir)
-    _check_writable(tmp_dir)
+    probe = _check_writable(tmp_dir)
     from taskdata.beam.pipeline import CacheJobSpec
     from taskdata.sources.digest import digests_remembered_in
 
@@ -179,10 +183,17 @@ def run_cache_job(options: CacheOptions, registry: Registry, log: Callable[[str]
         + (f"packed into rows of {task.packing_lengths}, " if task.packing is not None else "")
         + ", ".join(f"{s}: {sum(1 for w in work if w[0] == s)} source shards -> {num_shards[s]} shards"
                     for s in splits))
+    if runners.is_dask(pipeline_options):
+        try:
+            workers = runners.check_dask_cluster(pipeline_options, spec, probe)
+        except runners.ClusterError as e:
+            _remove_tree(version_dir)  # nothing but the probe was written
+            raise CacheJobError(f"Cache build of task {task.name!r} cannot start: {e}") from e
+        log(f"[cache] Dask cluster ready: {len(workers)} workers ({', '.join(workers)})")
     log(f"[cache] writing {version_dir}")
     # The lease tells later jobs that this version is being written; without it, they remove it once stale.
     with VersionLease(version_dir, refresh_s=min(30.0, options.stale_after_s / 10)) as lease:
-        _run_pipeline(spec, work, options, log)
+        _run_pipeline(spec, work, pipeline_options, options, log)
         manifest = _finalize(task, spec, splits, num_shards, options, log)
         try:
             lease.confirm()
@@ -211,6 +222,10 @@ def _default_num_shards(estimated_bytes: int | None) -> int:
     return max(MIN_SHARDS, math.ceil((estimated_bytes or 0) / TARGET_SHARD_BYTES))
 
 
+def _absolute(output: str) -> str:
+    return output if fs.is_remote(output) else os.path.abspath(output.removeprefix("file://"))
+
+
 def _check_output_is_a_folder(output: str) -> None:
     """A local cache root, or the nearest of its parents that exists, must be a folder."""
     if fs.is_remote(output):
@@ -225,12 +240,14 @@ def _check_output_is_a_folder(output: str) -> None:
         )
 
 
-def _check_writable(folder: str) -> None:
+def _check_writable(folder: str) -> str:
+    """Writes a small file in ``folder``; returns its path (remote workers look for it: they see the output)."""
     probe = fs.join(folder, ".write-probe")
     try:
         fs.write_atomic(probe, b"ok")
     except OSError as e:
         raise CacheJobError(f"Cannot write to the output folder {folder}: {e}. Choose a writable --output.") from e
+    return probe
 
 
 def _find_reusable(root: str, task_fingerprint: str, options: CacheOptions, splits: Sequence[str],
@@ -329,25 +346,12 @@ def _same_cache(task_root: str, name: str | None, manifest: Manifest) -> bool:
             and all(other.splits.get(split) == entry for split, entry in manifest.splits.items()))
 
 
-def _beam_pipeline(options: CacheOptions) -> beam.Pipeline:
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-
-    pipeline_options = PipelineOptions(list(options.beam_args))
-    runner = pipeline_options.view_as(StandardOptions).runner
-    if runner in (None, "DirectRunner", "direct"):
-        # The local runner directly: DirectRunner would first try to download the Prism runner.
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
-        return beam.Pipeline(runner=FnApiRunner(), options=pipeline_options)
-    return beam.Pipeline(options=pipeline_options)
-
-
-def _run_pipeline(spec: CacheJobSpec, work: list[tuple[str, int, str]], options: CacheOptions,
-                  log: Callable[[str], None]) -> None:
+def _run_pipeline(spec: CacheJobSpec, work: list[tuple[str, int, str]], pipeline_options: PipelineOptions,
+                  options: CacheOptions, log: Callable[[str], None]) -> None:
+    from taskdata.beam import runners
     from taskdata.beam.pipeline import build_cache_pipeline
 
-    pipeline = _beam_pipeline(options)
+    pipeline = runners.new_pipeline(pipeline_options)
     build_cache_pipeline(pipeline, spec, work)
     stop = threading.Event()
     shards_total = sum(count for _, count in spec.num_shards)
@@ -358,7 +362,7 @@ def _run_pipeline(spec: CacheJobSpec, work: list[tuple[str, int, str]], options:
     interrupts = _StickyInterrupts()
     try:
         with interrupts:
-            pipeline.run().wait_until_finish()
+            runners.run_to_end(pipeline, pipeline_options)
             if interrupts.requested.is_set():
                 raise KeyboardInterrupt  # Ctrl-C came and something swallowed every KeyboardInterrupt it made
     except (Exception, KeyboardInterrupt) as e:

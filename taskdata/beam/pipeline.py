@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # the checker reads Beam's own annotations (DoFn, PTransform.
 else:
     beam = _import_beam()
 
-__all__ = ["CacheJobSpec", "build_cache_pipeline", "encode_cache_record", "feature_info"]
+__all__ = ["CacheJobSpec", "build_cache_pipeline", "encode_cache_record", "feature_info", "load_task"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +79,8 @@ class CacheJobSpec:
         return dict(self.num_shards)[split]
 
 
-def _load_task(spec: CacheJobSpec) -> Task:
+def load_task(spec: CacheJobSpec) -> Task:
+    """The job's task as a worker sees it: its modules imported, its fingerprint checked against the launcher's."""
     from taskdata.config import Config
     from taskdata.sources.digest import remember_digests_in
     from taskdata.tasks import default_registry
@@ -327,8 +328,10 @@ def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: in
     if origins is not None:
         records = origins.passed(records)
     fs_, inner = fs.filesystem(path)
-    # Locally: write beside, then rename. On an object store the upload itself is all-or-nothing.
-    tmp = inner if fs.is_remote(path) else f"{inner}.tmp-{os.getpid()}"
+    # Locally: write under the job's temporary folder, then rename (a worker killed half-way, whose task the
+    # runner retries elsewhere, leaves its partial file there, never in the version). On an object store the
+    # upload itself is all-or-nothing.
+    tmp = inner if fs.is_remote(path) else fs.temporary_path(path, _writing_dir(spec))
     if tmp != inner:
         fs_.makedirs(inner.rsplit("/", 1)[0], exist_ok=True)  # as fs.write_atomic does for the files beside it
     digest = hashlib.sha256()
@@ -348,13 +351,13 @@ def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: in
             os.remove(tmp)
         raise
     offsets_data = write_offsets(offsets, size, writer.crcs)
-    fs.write_atomic(fs.join(spec.version_dir, offsets_name(split, dest, num_shards)), offsets_data)
+    _write_version_file(spec, fs.join(spec.version_dir, offsets_name(split, dest, num_shards)), offsets_data)
     origins_entry = None
     if origins is not None:
         from taskdata.cache.origins import origins_sidecar
 
         origins_data = origins_sidecar(origins.rows())
-        fs.write_atomic(fs.join(spec.version_dir, origins_name(split, dest, num_shards)), origins_data)
+        _write_version_file(spec, fs.join(spec.version_dir, origins_name(split, dest, num_shards)), origins_data)
         origins_entry = {"file": origins_name(split, dest, num_shards),
                          "sha256": hashlib.sha256(origins_data).hexdigest(), "bytes": len(origins_data)}
     if tmp != inner:
@@ -366,6 +369,25 @@ def _write_shard_files(spec: CacheJobSpec, split: str, dest: int, num_shards: in
         **({} if origins_entry is None else {"origins": origins_entry}),
     }
     fs.write_atomic(shard_result_path(spec.tmp_dir, split, dest), canonical_json(result).encode())
+
+
+def _writing_dir(spec: CacheJobSpec) -> str:
+    """Where a version's files are written before they are renamed into place (removed with the job's tmp_dir)."""
+    return fs.join(spec.tmp_dir, "writing")
+
+
+def _write_version_file(spec: CacheJobSpec, path: str, data: bytes) -> None:
+    """Writes a sidecar of the version as the shard itself is written: locally under ``_writing_dir``, then renamed
+    into place; on an object store in one upload."""
+    if fs.is_remote(path):
+        fs.write_atomic(path, data)
+        return
+    inner = fs.filesystem(path)[1]
+    staged = fs.temporary_path(path, _writing_dir(spec))
+    with open(staged, "wb") as f:
+        f.write(data)
+    os.makedirs(os.path.dirname(inner), exist_ok=True)
+    os.replace(staged, inner)
 
 
 class _HashingFile:
@@ -421,7 +443,7 @@ class PreprocessShard(beam.DoFn):
         self._spec = spec
 
     def setup(self) -> None:
-        self._task = _load_task(self._spec)
+        self._task = load_task(self._spec)
 
     def process(self, element: tuple[str, int, str]) -> Iterator[tuple[tuple[str, int], tuple[str, int, int, int]]]:
         split, shard_index, source_shard = element
