@@ -2,10 +2,11 @@
 
 Run: PYTHONPATH=. python bench/bench_epoch_order.py [--gcs] [--write]
 
-``--gcs`` also measures both orders on the trainer client's real read path against a GCS emulator behind a
-loopback proxy that adds ``--delay-ms`` to every request (``bench/gcs_reads.py``): examples/s per host,
-and ranged GETs counted at the proxy against the reads the instructions name, in epochs 0, 1 and 100.
-The section's figures come from one run with ``--gcs``.
+``--gcs`` also measures the orders on the trainer client's real read path against the test object store
+(``bench/object_store.py``), which adds ``--delay-ms`` to every request (``bench/gcs_reads.py``):
+examples/s and client CPU per example per host beside the local-disk path's, ranged GETs per step
+counted at the store, and their cost per epoch, in epochs 0, 1 and 100. The section's figures come from
+one run with ``--gcs``.
 
 One task of 262,144 records in 64 cache shards of 4,096, a global batch of 2,048 over 8 hosts (256
 examples per host and step). The records come from 64 source files of 4,096 examples, 4 consecutive
@@ -14,6 +15,8 @@ uniform shuffle, as the Beam job writes every cache. Compared, each over the sam
 
 - taskdata ``feistel``: the per-record keyed permutation (every plan before the option);
 - taskdata ``block``: keyed shuffled blocks of K contiguous cache records (K = 16, 64, 256);
+- taskdata ``windowed``: the same blocks, each dealt out over K steps at one place of the batch (width =
+  the global batch; K = 16, 64);
 - MosaicML Streaming's ``py1br`` and ``py1e`` (re-implemented below from Streaming's documentation and
   its shuffle module's description: shards shuffled, then samples shuffled within variable blocks of
   ``shuffle_block_size`` samples, or spread over a window of that size and sorted), with one canonical
@@ -23,7 +26,8 @@ uniform shuffle, as the Beam job writes every cache. Compared, each over the sam
 Measured on epochs 1 and 2 (epoch 0 is stored order under every taskdata order): the distance in the
 cache between examples adjacent in a host's slice, how many distinct source documents and files a global
 batch draws from (against a uniform sample of 2,048), how many pairs adjacent in a step of epoch 1 meet
-again in one global batch of epoch 2, and reads per host per step in epochs 0, 1 and 100 (a read is a
+again in one global batch of epoch 2, how many pairs of records next to each other in the cache (read
+together) share a global batch in epoch 1, and reads per host per step in epochs 0, 1 and 100 (a read is a
 run of consecutive records of one shard, as ``/shards`` gives them; the bytes are the examples' own, with
 record sizes drawn from a log-normal of mean ~2 KB).
 """
@@ -42,8 +46,10 @@ from taskdata.index import (
     EpochOrder,
     RunPlan,
     TaskCache,
+    WindowedOrder,
     example_arrays,
     reads_bound,
+    requests_bound,
 )
 
 N = 1 << 18
@@ -58,6 +64,11 @@ STREAMING_BLOCK = 1 << 16
 STEPS_MEASURED = 32  # global batches per epoch measured
 SEED = 17
 PLOT = pathlib.Path(__file__).resolve().parent / "epoch_order.png"
+TASKDATA_ORDERS = (
+    [("feistel", FEISTEL)]
+    + [(f"block K={k}", BlockOrder(k)) for k in (16, 64, 256)]
+    + [(f"windowed K={k}", WindowedOrder(k, BATCH)) for k in (16, 64)]
+)
 
 
 def plan_of(order: EpochOrder) -> RunPlan:
@@ -156,6 +167,14 @@ def meet_again(first: np.ndarray, second: np.ndarray) -> float:
     return float(np.mean(batch_of[a][both] == batch_of[b][both]))
 
 
+def neighbours_together(order: np.ndarray) -> float:
+    """Of the pairs of records next to each other in the cache (what one read brings in together), the share
+    that one global batch of the epoch ``order`` lists holds both of."""
+    batch_of = np.empty(N, np.int64)
+    batch_of[order] = np.arange(N) // BATCH
+    return float(np.mean(batch_of[:-1] == batch_of[1:]))
+
+
 def host_reads(order: np.ndarray) -> np.ndarray:
     """Reads per host per step when every host reads its records, merged where they are consecutive
     records of one shard (what the trainer client requests)."""
@@ -192,13 +211,17 @@ def measure() -> tuple[list[str], dict[str, np.ndarray]]:
     shuffled, source_order = layouts()
     record_bytes = np.random.default_rng(9).lognormal(np.log(1800), 0.5, N).astype(np.int64) + 16
     orders: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for name, order in [("feistel", FEISTEL)] + [(f"block K={k}", BlockOrder(k)) for k in (16, 64, 256)]:
+    together: dict[str, float] = {}
+    for name, order in TASKDATA_ORDERS:
         orders[f"taskdata {name}"] = (taskdata_epoch(order, 1), taskdata_epoch(order, 2, N), shuffled)
+        together[f"taskdata {name}"] = neighbours_together(taskdata_epoch(order, 1, N))
     m = STEPS_MEASURED * BATCH
     for name, fn in (("py1br", py1br), ("py1e", py1e)):
         first, second = fn(1), fn(2)
         orders[f"Streaming {name}, shuffled cache"] = (first[:m], second, shuffled)
         orders[f"Streaming {name}, source-order store"] = (first[:m], second, source_order)
+        together[f"Streaming {name}, shuffled cache"] = together[f"Streaming {name}, source-order store"] = (
+            neighbours_together(first))
     docs_u, files_u = uniform_mixing(shuffled)
     lines = [
         f"{N:,} records in {SHARDS} cache shards of {PER_SHARD:,}; global batch {BATCH:,} over {HOSTS} hosts "
@@ -207,9 +230,10 @@ def measure() -> tuple[list[str], dict[str, np.ndarray]]:
         f"{STREAMING_BLOCK:,}. A uniform sample of {BATCH:,} draws {docs_u:,.0f} distinct documents and "
         f"{files_u:.0f} source files per batch",
         "| order | adjacent in a host slice: median distance in the cache (share at distance 1) | distinct "
-        "documents / files per global batch | adjacent pairs of epoch 1 in one batch of epoch 2 | reads per host "
-        "per step, epoch 1 (client-merged); distinct cache shards touched |",
-        "| --- | --- | --- | --- | --- |",
+        "documents / files per global batch | adjacent pairs of epoch 1 in one batch of epoch 2 | records next to "
+        "each other in the cache in one batch of epoch 1 | reads per host per step, epoch 1 (client-merged); "
+        "distinct cache shards touched |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     distances = {}
     again = {}
@@ -221,29 +245,28 @@ def measure() -> tuple[list[str], dict[str, np.ndarray]]:
         again[name] = meet_again(first, second)
         lines.append(
             f"| {name} | {np.median(d):,.0f} ({np.mean(d == 1):.1%}) | {docs:,.0f} / {files:.0f} | "
-            f"{again[name]:.2%} | {reads.mean():.1f} (max {reads.max()}); "
+            f"{again[name]:.2%} | {together[name]:.2%} | {reads.mean():.1f} (max {reads.max()}); "
             f"{np.mean([len(np.unique(p // PER_SHARD)) for p in first.reshape(-1, PER_HOST)]):.1f} shards |"
         )
     lines.append(
-        "reads and bytes per host per step as `/shards` gives them (mean, max; the plan's stated bound), "
-        "epochs 0 / 1 / 100:"
+        "reads and bytes per host per step as `/shards` gives them (mean, max; the plan's stated bound; for the "
+        "windowed order also its bound on requests per step of a client reading K steps ahead), epochs 0 / 1 / 100:"
     )
-    for name, order in [("feistel", FEISTEL)] + [(f"block K={k}", BlockOrder(k)) for k in (16, 64, 256)]:
+    for name, order in TASKDATA_ORDERS:
         cells = []
         for epoch in (0, 1, 100):
             mean, top, kib = taskdata_reads(order, epoch, record_bytes)
             cells.append(f"{mean:.1f} reads (max {top}), {kib:,.0f} KiB")
-        bound = reads_bound(plan_of(order), PER_HOST)
-        lines.append(f"taskdata {name} (bound {bound}): " + " / ".join(cells))
+        bound = f"bound {reads_bound(plan_of(order), PER_HOST)}"
+        if order.read_horizon:
+            bound += f"; requests {requests_bound(plan_of(order), PER_HOST)}"
+        lines.append(f"taskdata {name} ({bound}): " + " / ".join(cells))
     lines.append(
-        "default: per-record feistel stays the default (plans without the option, the API and `taskdata plan`). "
-        "Within an epoch the block order costs no measured randomness on a shuffled cache (a global batch draws "
-        "as many documents and source files as a uniform sample), but its groups of K records travel together "
-        f"from epoch to epoch: {again['taskdata block K=64']:.0%} of the pairs adjacent in a step of epoch 1 "
-        f"share a batch again in epoch 2 at K=64, against {again['taskdata feistel']:.1%} for feistel and "
-        f"{again['Streaming py1e, shuffled cache']:.1%} for Streaming's py1e, a real loss of randomness for tasks "
-        "read for many epochs. Choose `--epoch-order block --block-size 64` where requests cost (object stores: "
-        "256 -> at most 14 reads per host and step here, 4 on average)"
+        f"randomness: the windowed order at K=64 puts {again['taskdata windowed K=64']:.2%} of epoch 1's adjacent "
+        f"pairs in one batch of epoch 2 (target: at most 3x feistel's {again['taskdata feistel']:.2%}) and "
+        f"{together['taskdata windowed K=64']:.2%} of the records next to each other in the cache in one batch "
+        f"(feistel {together['taskdata feistel']:.2%}, block K=64 {together['taskdata block K=64']:.0%}); a batch "
+        "draws as many documents and files as a uniform sample under every taskdata order"
     )
     return lines, distances
 
@@ -270,14 +293,14 @@ def plot(distances: dict[str, np.ndarray]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write", action="store_true", help="write the figures into BENCHMARKS.md")
-    parser.add_argument("--gcs", action="store_true", help="also read both orders from a GCS emulator with latency")
+    parser.add_argument("--gcs", action="store_true", help="also read the orders from the test object store")
     parser.add_argument("--delay-ms", type=float, nargs="+", default=[0.0, 20.0],
-                        help="latencies the proxy adds to every request (one table row set each)")
+                        help="latencies the store adds to every request (one table row set each)")
     parser.add_argument("--gcs-hosts", type=int, default=4)
     parser.add_argument("--gcs-host-batch", type=int, default=256)
     parser.add_argument("--gcs-block-size", type=int, default=64)
-    parser.add_argument("--gcs-warmup", type=int, default=2, help="steps read before the timed ones")
-    parser.add_argument("--gcs-steps", type=int, default=6, help="timed steps per order and epoch")
+    parser.add_argument("--gcs-warmup", type=int, default=8, help="steps read before the timed ones")
+    parser.add_argument("--gcs-steps", type=int, default=48, help="timed steps per order and epoch")
     args = parser.parse_args()
     lines, distances = measure()
     plot(distances)
@@ -285,8 +308,11 @@ def main() -> None:
     if args.gcs:
         from bench.gcs_reads import measure_gcs
 
-        lines += measure_gcs(args.delay_ms, args.gcs_hosts, args.gcs_host_batch, args.gcs_block_size,
-                             args.gcs_warmup, args.gcs_steps)
+        k, width = args.gcs_block_size, args.gcs_hosts * args.gcs_host_batch
+        orders = [("feistel", FEISTEL), (f"block K={k}", BlockOrder(k)),
+                  (f"windowed K={k}", WindowedOrder(k, width))]
+        lines += measure_gcs(args.delay_ms, args.gcs_hosts, args.gcs_host_batch, orders, args.gcs_warmup,
+                             args.gcs_steps)
     for line in lines:
         print(line)
     if args.write:

@@ -1,34 +1,22 @@
-"""Both epoch orders read from a GCS emulator through a proxy that adds latency to every request.
+"""Epoch orders read from an object store at its latency: the trainer client's path against the test store.
 
-Called by ``bench/bench_epoch_order.py --gcs``; also the proxy's entry point:
-``python -m bench.gcs_reads proxy --port P --upstream-port Q --delay-ms 20``.
-
-The path is the trainer client's own: a ``DataIterator`` over ``LocalAssignments`` reading a cache
-version at ``gs://`` through gcsfs, which points at ``STORAGE_EMULATOR_HOST``. That address is the
-proxy's: it delays every HTTP request by ``--delay-ms`` before passing it to the emulator (a GCS
-round trip's latency; the emulator on loopback answers in about a millisecond), and counts the
-requests by method, kind of object (shard data, offsets sidecar, other) and whether they carry a
-``Range`` header, which is the ground truth of how many GETs the client makes. The cache is built
-locally from a synthetic task (kept under ``$TASKDATA_HOME/bench``, reused when its fingerprint
-matches) and copied into the emulator's bucket directly, not through the proxy.
+Called by ``bench/bench_epoch_order.py --gcs``. The path is the README's client path: a ``DataIterator``
+over ``LocalAssignments`` reading a cache version at ``gs://`` through gcsfs, which points at
+``STORAGE_EMULATOR_HOST``, here the concurrent test store ``bench/object_store.py``: it serves the local
+cache's folder as the bucket's objects, delays every request by ``--delay-ms`` (a GCS round trip) without
+holding up the others, and counts them (GETs with a Range header are reads of records; whole-object GETs
+of ``.offsets`` files are sidecars; metadata requests are counted apart), which is the ground truth of how
+many requests the client makes. The same steps are read from the local folder in the same run, for the
+local-disk rate and CPU they are compared with. The cache is built locally from a synthetic task (kept
+under ``$TASKDATA_HOME/bench``, reused when its fingerprint matches).
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
 import dataclasses
-import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
-from collections import Counter
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -39,17 +27,18 @@ from taskdata.define.vocabularies import ByteVocabulary
 from taskdata.preprocessors.base import Example, ShardContext
 from taskdata.sources import FunctionSource
 
-__all__ = ["GcsSetup", "measure_gcs", "register_tasks"]
+__all__ = ["measure_gcs", "register_tasks"]
 
 TASK = "gcs_bench"
-SOURCE_SHARDS = 16
-DOCS_PER_SHARD = 1024  # 16,384 records in 16 cache shards of about 1,024
+SOURCE_SHARDS = 32
+DOCS_PER_SHARD = 2048  # 65,536 records in 32 cache shards of about 2,048 (~4 MB each)
 BUCKET = "bench"
-CONTROL_PATH = "/_proxy/counts"  # answered by the proxy itself, never forwarded or counted
-MAX_CONNECTIONS = 64
-MAX_HEAD_BYTES = 64 << 10
 VOCAB = ByteVocabulary()
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
+# GCS's list price of Class B operations (object GETs), Standard storage: $0.0004 per 1,000
+# (https://cloud.google.com/storage/pricing-examples).
+CLASS_B_PER_10K = 0.004
+POD_HOSTS = 1024
 
 
 # --- the task: documents of ~1,000-3,000 characters, one example each ------------------------------------
@@ -85,330 +74,177 @@ def ensure_cache(root: str) -> str:
     return run_cache_job(options, registry, log=lambda m: None).version_dir
 
 
-# --- the proxy ----------------------------------------------------------------------------------------------
-
-
-def _kind(target: str) -> str:
-    if ".offsets" in target:
-        return "offsets"
-    return "shard data" if ".tfrecord-" in target else "other"
-
-
-class _Proxy:
-    def __init__(self, upstream_port: int, delay_s: float):
-        self.upstream_port = upstream_port
-        self.delay_s = delay_s
-        self.counts: Counter[str] = Counter()
-        self.response_bytes = 0
-        self.slots = asyncio.Semaphore(MAX_CONNECTIONS)
-
-    async def serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        async with self.slots:
-            upstream_w = None
-            try:
-                upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-                pipe = asyncio.ensure_future(self._responses(upstream_r, client_w))
-                try:
-                    while await self._request(client_r, client_w, upstream_w):
-                        pass
-                finally:
-                    pipe.cancel()
-            except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-                pass
-            finally:
-                for writer in (client_w, upstream_w):
-                    if writer is not None:
-                        writer.close()
-
-    async def _request(self, client_r, client_w, upstream_w) -> bool:
-        """Forwards one request after the delay; False when the client is done."""
-        try:
-            head = await client_r.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:
-            return False
-        if len(head) > MAX_HEAD_BYTES:
-            return False
-        lines = head.decode("latin-1").split("\r\n")
-        method, target = lines[0].split(" ")[:2]
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
-        if target.startswith(CONTROL_PATH):
-            body = json.dumps({"counts": dict(self.counts), "response_bytes": self.response_bytes}).encode()
-            client_w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            await client_w.drain()
-            return False
-        if "chunked" in headers.get("transfer-encoding", ""):
-            client_w.write(b"HTTP/1.1 501 Not Implemented\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            await client_w.drain()
-            return False
-        body = await client_r.readexactly(int(headers.get("content-length", "0")))
-        media = "media" if "alt=media" in target else "metadata"  # the object's bytes, or its description
-        self.counts[f"{method} {_kind(target)} {media} {'ranged' if 'range' in headers else 'whole'}"] += 1
-        await asyncio.sleep(self.delay_s)
-        upstream_w.write(head + body)
-        await upstream_w.drain()
-        return True
-
-    async def _responses(self, upstream_r, client_w) -> None:
-        while data := await upstream_r.read(1 << 16):
-            self.response_bytes += len(data)
-            client_w.write(data)
-            await client_w.drain()
-        client_w.close()
-
-
-async def _run_proxy(port: int, upstream_port: int, delay_ms: float) -> None:
-    proxy = _Proxy(upstream_port, delay_ms / 1000)
-    server = await asyncio.start_server(proxy.serve, "127.0.0.1", port, limit=MAX_HEAD_BYTES)
-    async with server:
-        await server.serve_forever()
-
-
-# --- processes --------------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_for(url: str, process: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{what} (pid {process.pid}) did not answer {url} within 30 s") from None
-            time.sleep(0.2)
-
-
-@contextlib.contextmanager
-def _process(args: list[str], url: str, what: str) -> Iterator[subprocess.Popen]:
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        _wait_for(url, process, what)
-        yield process
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
-
-
-@dataclasses.dataclass(frozen=True)
-class GcsSetup:
-    """The emulator's and the proxy's addresses and process ids, and the cache version's ``gs://`` path."""
-
-    emulator_url: str
-    proxy_url: str
-    version: str
-    pids: tuple[int, int]
-
-    def counts(self) -> tuple[Counter[str], int]:
-        """Requests the proxy has passed on so far, by kind, and the bytes of the responses."""
-        with urllib.request.urlopen(self.proxy_url + CONTROL_PATH, timeout=10) as response:
-            data = json.loads(response.read())
-        return Counter(data["counts"]), int(data["response_bytes"])
-
-
-@contextlib.contextmanager
-def gcs_with_latency(local_version: str, delay_ms: float) -> Iterator[GcsSetup]:
-    """An emulator holding ``local_version``, a proxy in front of it, and this process's gcsfs pointed
-    at the proxy; both processes are stopped by pid on the way out."""
-    if "gcsfs" in sys.modules and os.environ.get("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT") != "false":
-        raise RuntimeError("gcsfs was imported before GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false was set: it would ask "
-                           "Google's metadata server about the emulator's bucket. Set it before importing gcsfs.")
-    # gcsfs reads it on import; without it, it asks Google's metadata server about every bucket.
-    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
-    from gcsfs import GCSFileSystem
-
-    binary = shutil.which("gcp-storage-emulator", path=os.pathsep.join([os.path.dirname(sys.executable),
-                                                                        os.environ.get("PATH", "")]))
-    if binary is None:
-        raise FileNotFoundError("gcp-storage-emulator is not installed: pip install gcp-storage-emulator")
-    emulator_port, proxy_port = _free_port(), _free_port()
-    emulator_url, proxy_url = f"http://127.0.0.1:{emulator_port}", f"http://127.0.0.1:{proxy_port}"
-    emulator_args = [binary, "start", "--host", "127.0.0.1", "--port", str(emulator_port), "--default-bucket",
-                     BUCKET, "--in-memory"]
-    proxy_args = [sys.executable, "-m", "bench.gcs_reads", "proxy", "--port", str(proxy_port), "--upstream-port",
-                  str(emulator_port), "--delay-ms", str(delay_ms)]
-    saved = os.environ.get("STORAGE_EMULATOR_HOST")
-    with _process(emulator_args, f"{emulator_url}/storage/v1/b/{BUCKET}", "the GCS emulator") as emulator, \
-            _process(proxy_args, proxy_url + CONTROL_PATH, "the latency proxy") as proxy:
-        direct = GCSFileSystem(token="anon", endpoint_url=emulator_url, skip_instance_cache=True)
-        name = os.path.basename(local_version.rstrip("/"))
-        target = f"{BUCKET}/{TASK}/{name}"
-        direct.put(local_version, target, recursive=True)
-        os.environ["STORAGE_EMULATOR_HOST"] = proxy_url
-        try:
-            yield GcsSetup(emulator_url, proxy_url, f"gs://{target}", (emulator.pid, proxy.pid))
-        finally:
-            if saved is None:
-                os.environ.pop("STORAGE_EMULATOR_HOST", None)
-            else:
-                os.environ["STORAGE_EMULATOR_HOST"] = saved
-
-
 # --- the measurement --------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
-class Figures:
-    warmup: int  # steps read before the timed ones by the timing client
+class Run:
+    """One client's read of steps ``[first, first + warmup + timed)``, timed over the last ``timed``."""
+
     examples_per_s: float
-    data_gets_per_step: float  # GETs of shard bytes (each with a Range header, in practice), at the proxy
-    ranged: bool  # every one of them had a Range header
-    other_requests: int  # metadata, sidecars, manifest over the whole window
-    reads_per_step: float  # what the instructions (/shards) name
-    max_reads: int
-    kib_per_step: float  # the instructions' byte ranges
-    wire_kib_per_step: float  # every response's bytes at the proxy, headers and setup included
+    cpu_us_per_example: float  # this process's CPU time (every thread) over the timed steps
+    data_gets_per_step: float  # ranged GETs of shard bytes, over every step read
+    sidecar_gets: int  # whole-object GETs of offsets sidecars (one per shard opened)
+    metadata: int  # metadata requests (none expected)
+    other: int  # every other request (manifest, COMPLETED, stats)
+    max_in_flight: int  # ranged GETs in flight at once at the store, in the timed steps
 
 
-def _timing_window(source, host, first: int, least: int, steps: int, cap: int = 16) -> tuple[int, int]:
-    """(step the timed iterator starts at, first timed step) for ``steps`` timed steps of the epoch that
-    starts at ``first``: after the fewest warm-up steps (``least`` to ``cap``) just before them that open
-    every shard the timed ones read, since a shard's first read also fetches its offsets sidecar and
-    metadata, once per shard and run, not per step. Epoch 0 has no steps before it: its timed steps
-    follow ``least`` of its own (it opens a shard at nearly every step anyway)."""
-    if first == 0:
-        return 0, least
-    low = max(0, first - cap)
-    touched = [set().union(*(t.files.tolist() for t in s.tasks)) for s in source.fetch(low, first + steps - low, host)]
-    timed = set().union(*touched[first - low :])
-    for warmup in range(least, first - low + 1):
-        if timed <= set().union(*touched[first - low - warmup : first - low]):
-            return first - warmup, first
-    return first - least, first
-
-
-def _read(source, lengths, host, start: int, stop: int, timed_from: int) -> float:
-    """Reads steps [start, stop) with a DataIterator; seconds taken by the steps from ``timed_from``."""
+def _client(plan, version: str, lengths, host, first: int, warmup: int, timed: int, store=None) -> Run:
     from trainer_client.iterator import DataIterator
-
-    iterator = DataIterator(source, lengths, start=start, host_slice=host, stop_step=stop)
-    try:
-        for _ in range(start, timed_from):
-            next(iterator)
-        started = time.perf_counter()
-        for _ in range(timed_from, stop):
-            next(iterator)
-        return time.perf_counter() - started
-    finally:
-        iterator.close()
-
-
-def measure_one(setup: GcsSetup, plan, host_batch: int, first: int, least_warmup: int, steps: int) -> Figures:
-    """Host 0 in the epoch starting at step ``first``: the GETs of its steps ``[first, first + steps)``
-    counted at the proxy (a fresh client: what it fetches for exactly those steps), and its examples/s
-    over ``steps`` timed steps after a warm-up (a second client)."""
-    from taskdata.cache.reader import CacheReader
-    from trainer_client.assignments import HostSlice
     from trainer_client.local_source import LocalAssignments
 
-    with CacheReader(setup.version) as reader:
-        lengths = {"targets": reader.max_tokens("train", "targets")}
-    host = HostSlice(0, plan.num_data_shards)
-    source = LocalAssignments(plan, {TASK: setup.version})
-    instructions = source.fetch(first, steps, host)  # the sidecars it needs, loaded before counting
-    reads = [sum(len(task) for task in s.tasks) for s in instructions]
-    kib = [sum(int(task.byte_length.sum()) for task in s.tasks) / 1024 for s in instructions]
-    before, wire_before = setup.counts()
-    _read(source, lengths, host, first, first + steps, first)
-    after, wire_after = setup.counts()
-    delta = after - before
-    data = delta["GET shard data media ranged"] + delta["GET shard data media whole"]
-    source = LocalAssignments(plan, {TASK: setup.version})
-    start, timed_from = _timing_window(source, host, first, least_warmup, steps)
-    elapsed = _read(source, lengths, host, start, timed_from + steps, timed_from)
-    return Figures(timed_from - start, host_batch * steps / elapsed, data / steps,
-                   delta["GET shard data media whole"] == 0, sum(delta.values()) - data, float(np.mean(reads)),
-                   max(reads), float(np.mean(kib)), (wire_after - wire_before) / 1024 / steps)
+    before = store.counts() if store is not None else None
+    iterator = DataIterator(LocalAssignments(plan, {TASK: version}), lengths, start=first, host_slice=host,
+                            stop_step=first + warmup + timed)
+    try:
+        for _ in range(warmup):
+            next(iterator)
+        if store is not None:
+            store.counts(reset_max=True)
+        started, cpu = time.perf_counter(), time.process_time()
+        for _ in range(timed):
+            next(iterator)
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    finally:
+        iterator.close()
+    examples = timed * (len(plan.positions(first)) // host.count)
+    if store is None:
+        return Run(examples / elapsed, 1e6 * cpu / examples, 0, 0, 0, 0, 0)
+    served = store.counts() - before
+    sidecars = sum(n for k, n in served.objects.items() if k.endswith(".offsets media"))
+    return Run(examples / elapsed, 1e6 * cpu / examples, served.requests["media ranged"] / (warmup + timed),
+               sidecars, served.requests["metadata"], served.requests["media whole"] - sidecars, served.max_ranged_in_flight)
 
 
-def measure_gcs(delays_ms: Sequence[float], hosts: int, host_batch: int, block_size: int, warmup: int,
-                steps: int) -> list[str]:
+def _instruction_reads(plan, version: str, host, first: int, steps: int) -> float:
+    """Mean reads per step the instructions of steps ``[first, first + steps)`` name (before the client
+    coalesces them)."""
+    from trainer_client.local_source import LocalAssignments
+
+    source = LocalAssignments(plan, {TASK: version})
+    try:
+        return float(np.mean([sum(len(t) for t in s.tasks) for s in source.fetch(first, steps, host)]))
+    finally:
+        source.close()
+
+
+def _targets(got, top: float, names: list[str]) -> list[str]:
+    """The issue's targets, read off the rows at ``top`` ms."""
+    feistel, block, windowed = names
+    rate = {(n, e): got[top, n, e][0].examples_per_s for n in names for e in (0, 1, 100)}
+    cpu = {(n, e): got[top, n, e][0].cpu_us_per_example / got[top, n, e][1].cpu_us_per_example
+           for n in names for e in (0, 1, 100)}
+    return [
+        f"at {top:g} ms: {feistel} epochs 1 / 100 {rate[feistel, 1]:,.0f} / {rate[feistel, 100]:,.0f} examples/s "
+        f"(target >= 2,000) at {got[top, feistel, 1][0].cpu_us_per_example:.0f} / "
+        f"{got[top, feistel, 100][0].cpu_us_per_example:.0f} CPU-us per example",
+        f"at {top:g} ms: {windowed} epochs 1 / 100 at {rate[windowed, 1] / rate[windowed, 0]:.0%} / "
+        f"{rate[windowed, 100] / rate[windowed, 0]:.0%} of its epoch 0's examples/s (target >= 90%), client CPU per "
+        f"example {cpu[windowed, 0]:.2f}x / {cpu[windowed, 1]:.2f}x / {cpu[windowed, 100]:.2f}x the local disk's in "
+        f"epochs 0 / 1 / 100 (target <= 1.2x); {block}: {cpu[block, 1]:.2f}x / {cpu[block, 100]:.2f}x in epochs 1 / 100",
+        f"at {top:g} ms, epoch 0: {', '.join(f'{n} {got[top, n, 0][0].examples_per_s / got[top, n, 0][1].examples_per_s:.0%}' for n in names)} "
+        "of the local disk's examples/s in the same run (target >= 50%)",
+    ]
+
+
+def _cost(gets: float) -> str:
+    return f"${gets * CLASS_B_PER_10K / 10_000:,.2f}"
+
+
+def measure_gcs(delays_ms: Sequence[float], hosts: int, host_batch: int, orders: Sequence[tuple[str, object]],
+                warmup: int, steps: int) -> list[str]:
+    """The section's lines: every order in ``orders`` ((name, EpochOrder)) at every delay, epochs 0, 1, 100."""
+    from bench.object_store import running_store
     from taskdata.cache.reader import CacheReader
     from taskdata.config import Config
-    from taskdata.index import FEISTEL, BatchSchedule, BlockOrder, RunPlan, TaskCache, reads_bound
+    from taskdata.index import BatchSchedule, RunPlan, TaskCache, reads_bound, requests_bound
+    from trainer_client.assignments import HostSlice
 
+    if "gcsfs" in sys.modules and os.environ.get("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT") != "false":
+        raise RuntimeError("gcsfs was imported before GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false was set: it would ask "
+                           "Google's metadata server about the store's bucket. Set it before importing gcsfs.")
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
     local = ensure_cache(os.path.join(Config.from_environment().home, "bench", "gcs_reads"))
+    root = os.path.dirname(os.path.dirname(local))  # the bucket: {task}/{version}/...
+    version = f"gs://{BUCKET}/{TASK}/{os.path.basename(local)}"
+    with CacheReader(local) as reader:
+        cache = TaskCache(reader.manifest_sha256, reader.record_counts("train"))
+        lengths = {"targets": reader.max_tokens("train", "targets")}
+    n = sum(cache.shard_record_counts)
+    batch = hosts * host_batch
+    per_epoch = n // batch
+    if warmup + steps > per_epoch:
+        raise ValueError(f"{warmup} warm-up and {steps} timed steps do not fit in an epoch of {per_epoch} steps.")
+    host = HostSlice(0, hosts)
     lines = [
-        f"on the GCS emulator (gcp-storage-emulator, in memory) behind a loopback proxy adding "
-        f"{' or '.join(f'{d:g}' for d in delays_ms)} ms to every request; the cache of a synthetic task "
-        f"(bench/gcs_reads.py) copied into its bucket; host 0 of {hosts} ({host_batch} examples per step) read "
-        f"through DataIterator over LocalAssignments (gs:// through gcsfs); GETs of the first {steps} steps of each "
-        f"epoch (a fresh client); examples/s over {steps} timed steps (from each epoch's first, epoch 0's after "
-        f"{warmup}) read by a second client after at least {warmup} warm-up steps just before them, more until the "
-        "warm-up has opened every shard the timed steps read (a shard's first read also fetches its offsets "
-        "sidecar and metadata: once per shard and run, not per step; epoch 0 opens a shard at nearly every step); GETs counted at the proxy (every GET of shard bytes had a Range header "
-        "unless marked); 1-minute load average at the start of each delay's runs",
-        "| delay (load) | order (stated reads bound) | epoch | warm-up steps | examples/s per host | GETs of shard bytes per step "
-        "(proxy) | reads per step named by the instructions (max) | KiB per step (instructions; all responses at "
-        "the proxy) | other requests in those steps (object metadata, sidecars, manifest: opening shards) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"the test object store (bench/object_store.py: GCS JSON API object reads with Range, one asyncio server, "
+        f"many requests at once) adding {' or '.join(f'{d:g}' for d in delays_ms)} ms to every request; a synthetic "
+        f"cache of {n:,} records of ~2 KB in {len(cache.shard_record_counts)} shards (bench/gcs_reads.py); host 0 of "
+        f"{hosts} ({host_batch} examples per step, {per_epoch} steps per epoch) read through DataIterator over "
+        f"LocalAssignments (gs:// through gcsfs; DataIterator's defaults: 8 steps' reads in flight, instructions known "
+        f"16 steps ahead, or the order's read horizon + 8; FetchOptions(): 64 requests in flight, ranges 64 KiB apart "
+        f"one request, extended over later steps' ranges up to 4 MiB, 64 MiB kept), and the same steps from the local "
+        f"folder (page cache) in the same run; each "
+        f"row a fresh client reading the epoch's first {warmup + steps} steps, timed over the last {steps} (examples/s "
+        f"and this process's CPU per example, every thread: the store runs in its own process); GETs counted at the "
+        f"store over all {warmup + steps} steps; 1-minute load average at the start of each row",
+        "| delay | order (stated bounds: reads; requests) | epoch | examples/s: store; local disk (ratio) | client CPU "
+        "us per example: store; local disk (ratio) | ranged GETs per step (most in flight); reads the instructions "
+        "name | sidecar GETs (shards opened); metadata requests | load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    over = []
-    rates: dict[tuple[float, str, int], float] = {}
-    gets: dict[tuple[float, str, int], float] = {}
+    got: dict[tuple[float, str, int], tuple[Run, Run]] = {}
     for delay in delays_ms:
-        load = os.getloadavg()[0]
-        with gcs_with_latency(local, delay) as setup:
-            with CacheReader(setup.version) as reader:
-                cache = TaskCache(reader.manifest_sha256, reader.record_counts("train"))
-            n = sum(cache.shard_record_counts)
-            batch = hosts * host_batch
-            for name, order in (("feistel", FEISTEL), (f"block K={block_size}", BlockOrder(block_size))):
-                plan = RunPlan(name="gcs", mixture=TASK, caches={TASK: cache}, rates=None, seed=17,
-                               schedule=BatchSchedule.constant(batch), num_data_shards=hosts, epoch_order=order)
-                bound = reads_bound(plan, host_batch)
-                for epoch in (0, 1, 100):
-                    f = measure_one(setup, plan, host_batch, -(-epoch * n // batch), warmup, steps)
-                    rates[delay, name, epoch] = f.examples_per_s
-                    gets[delay, name, epoch] = f.data_gets_per_step
-                    if f.data_gets_per_step > bound:
-                        over.append(f"{name} epoch {epoch} at {delay:g} ms: {f.data_gets_per_step:.1f} > {bound}")
-                    lines.append(
-                        f"| {delay:g} ms ({load:.2f}) | {name} ({bound}) | {epoch} | {f.warmup} | "
-                        f"{f.examples_per_s:,.0f} | "
-                        f"{f.data_gets_per_step:.1f}{'' if f.ranged else ' (some without Range)'} | "
-                        f"{f.reads_per_step:.1f} ({f.max_reads}) | {f.kib_per_step:,.0f}; "
-                        f"{f.wire_kib_per_step:,.0f} | {f.other_requests} |"
-                    )
+        with running_store(root, BUCKET, delay_ms=delay) as store:
+            os.environ["STORAGE_EMULATOR_HOST"] = store.url
+            try:
+                for name, order in orders:
+                    plan = RunPlan(name="gcs", mixture=TASK, caches={TASK: cache}, rates=None, seed=17,
+                                   schedule=BatchSchedule.constant(batch), num_data_shards=hosts, epoch_order=order)
+                    bound = f"{reads_bound(plan, host_batch)}; {requests_bound(plan, host_batch)}"
+                    for epoch in (0, 1, 100):
+                        load = os.getloadavg()[0]
+                        first = -(-epoch * n // batch)
+                        remote = _client(plan, version, lengths, host, first, warmup, steps, store)
+                        disk = _client(plan, local, lengths, host, first, warmup, steps)
+                        named = _instruction_reads(plan, local, host, first, warmup + steps)
+                        got[delay, name, epoch] = remote, disk
+                        lines.append(
+                            f"| {delay:g} ms | {name} ({bound}) | {epoch} | {remote.examples_per_s:,.0f}; "
+                            f"{disk.examples_per_s:,.0f} ({remote.examples_per_s / disk.examples_per_s:.2f}) | "
+                            f"{remote.cpu_us_per_example:.1f}; {disk.cpu_us_per_example:.1f} "
+                            f"({remote.cpu_us_per_example / disk.cpu_us_per_example:.2f}) | "
+                            f"{remote.data_gets_per_step:.1f} ({remote.max_in_flight}); {named:.1f} | {remote.sidecar_gets}; "
+                            f"{remote.metadata} | {load:.2f} |"
+                        )
+            finally:
+                os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    top = max(delays_ms)
+    lines += _targets(got, top, [name for name, _ in orders])
     lines.append(
-        f"{n:,} records of ~2 KB in {len(cache.shard_record_counts)} cache shards (global batch {batch:,}: "
-        f"{n // batch} steps per epoch). "
-        + ("The client's GETs of shard bytes stay within the stated bound in every row (it merges records "
-           "consecutive in a shard after sorting, so it may make fewer GETs than the instructions name)"
-           if not over else "The client made more GETs than the stated bound: " + "; ".join(over))
+        f"GETs per epoch and their cost at GCS's list price for Class B operations (${CLASS_B_PER_10K} per 10,000, "
+        f"Standard storage), from the ranged GETs per step at {top:g} ms in epoch 100 ({host_batch} examples per host "
+        f"and step): one host reading an epoch alone, and a pod of {POD_HOSTS:,} hosts (a global batch of "
+        f"{POD_HOSTS * host_batch:,}) reading it together, in all and per host; for this cache ({n:,} records) and "
+        "for an epoch of 100 million examples. Each host also reads each shard's offsets sidecar once per run "
+        "(a GET per shard it opens), not counted here. These GETs are this cache's: its 4 MB shards let one request "
+        "take in the records later steps read nearby; with shards much larger than what the lookahead reads of each "
+        "(C4's 256 MB shards), the per-record order makes about the reads its instructions name, one GET per example:"
     )
-    top, low = max(delays_ms), min(delays_ms)
-    step_ms = {d: 1000 * host_batch / rates[d, "feistel", 1] for d in (low, top)}
-    lines.append(
-        f"feistel in epoch 1 takes {step_ms[low]:,.0f} ms per step at {low:g} ms (the emulator's and the client's own "
-        f"cost of {gets[low, 'feistel', 1]:.0f} GETs) and {step_ms[top]:,.0f} ms at {top:g} ms: "
-        f"{(step_ms[top] - step_ms[low]) / gets[top, 'feistel', 1]:.1f} ms more per GET, the proxy's delay, so the "
-        "proxy and the emulator are not what limits the 20 ms rows. Epoch 0 rows open a shard at nearly every step "
-        "(the other requests), which is what a run pays once per shard"
-    )
-    lines.append(
-        f"at {top:g} ms per request, epoch 1: block K={block_size} delivers "
-        f"{rates[top, f'block K={block_size}', 1] / rates[top, 'feistel', 1]:.0f}x feistel's examples/s "
-        f"({rates[top, f'block K={block_size}', 1]:,.0f} against {rates[top, 'feistel', 1]:,.0f}); the client fetches "
-        "a step's reads one after another, so each read costs a round trip"
-    )
+    for name, _ in orders:
+        per_step = got[top, name, 100][0].data_gets_per_step
+        cells = []
+        for size in (n, 100_000_000):
+            total = size / host_batch * per_step
+            cells.append(f"{size:,} examples: {total:,.0f} GETs ({_cost(total)}); pod {total:,.0f} "
+                         f"({_cost(total)}), {total / POD_HOSTS:,.1f} per host")
+        lines.append(f"{name}: {per_step:.1f} GETs per host and step; " + "; ".join(cells))
     return lines
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="The latency proxy (see bench/bench_epoch_order.py --gcs).")
-    parser.add_argument("command", choices=["proxy"])
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream-port", type=int, required=True)
-    parser.add_argument("--delay-ms", type=float, default=20.0)
-    args = parser.parse_args()
-    asyncio.run(_run_proxy(args.port, args.upstream_port, args.delay_ms))
+    raise SystemExit("Run bench/bench_epoch_order.py --gcs (this module measures for it).")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # each command imports these when it runs (see above)
     from taskdata.config import Config
     from taskdata.define.registry import Registry
     from taskdata.evaluation import TargetsSource
+    from taskdata.index import RunPlan
     from taskdata.runs import ExampleLedger, StepLedger
 
 __all__ = ["main"]
@@ -204,13 +205,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--epoch-order",
-        default="feistel",
+        default=None,
         metavar="KIND",
-        help="order of epochs after the first (taskdata.index.orders): 'feistel' (per record, the default; "
-        "every later-epoch example is its own ranged read) or 'block' (shuffled blocks of --block-size "
-        "contiguous records: a bounded number of reads per host and step)",
+        help="order of epochs after the first (taskdata.index.orders): 'windowed' (the default of new runs, with "
+        "--block-size 64 and --width the largest batch: shuffled blocks of contiguous records, each dealt out over "
+        "--block-size steps at one place of the batch; one request per block for a client that knows that many "
+        "steps ahead), 'block' (the same blocks read together: a block's records share a batch every epoch) or "
+        "'feistel' (per record: every later-epoch example is its own ranged read)",
     )
-    p.add_argument("--block-size", type=int, default=None, help="records per block of --epoch-order block")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="records per block of --epoch-order block or windowed")
+    p.add_argument("--width", type=int, default=None,
+                   help="with --epoch-order windowed: a task's examples per global step (default: --batch-size)")
     p.set_defaults(run=_cmd_plan)
 
     p = sub.add_parser(
@@ -636,8 +642,16 @@ def _verify_root(root: str, level: Level, workers: int) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from taskdata.index import BatchSchedule, PlanError, SkipRange, epoch_order, parse_stage, reads_bound
-    from taskdata.runs import RunStore, build_run
+    from taskdata.index import (
+        BatchSchedule,
+        PlanError,
+        SkipRange,
+        epoch_order,
+        parse_stage,
+        reads_bound,
+        requests_bound,
+    )
+    from taskdata.runs import RunStore, build_run, default_epoch_order
 
     if args.add_stage:
         return _add_stages(args)
@@ -647,12 +661,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                if getattr(args, flag) is None]
     if missing:
         raise ValueError(f"Creating run {args.name!r} needs {', '.join(missing)} (or --add-stage to extend it).")
-    # The order's options, from the flags that name them (each order checks which it takes).
-    options = {name: value for name, value in (("block_size", args.block_size),) if value is not None}
-    try:
-        order = epoch_order(args.epoch_order, **options)
-    except PlanError as error:
-        raise ValueError(f"--epoch-order {args.epoch_order}: {error}") from None
 
     skip = []
     for text in args.skip:
@@ -666,6 +674,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     schedule = BatchSchedule(
         start=args.batch_size, end=end, ramp_steps=args.ramp_steps, multiple_of=args.multiple_of
     )
+    stages = [parse_stage(text) for text in args.stage]
+    # The order's options, from the flags that name them (each order checks which it takes); no order named
+    # is the default of new runs (build_run), whose options the flags may change.
+    kind = args.epoch_order
+    options = {name: value for name, value in (("block_size", args.block_size), ("width", args.width))
+               if value is not None}
+    order = None
+    if kind == "windowed" or (kind is None and options):
+        default = default_epoch_order(schedule, stages)
+        kind, options = "windowed", {"block_size": default.block_size, "width": default.width, **options}
+    if kind is not None:
+        try:
+            order = epoch_order(kind, **options)
+        except PlanError as error:
+            raise ValueError(f"--epoch-order {kind}: {error}") from None
     root = args.cache_root or _config(args).cache_root
     run = build_run(
         _registry(args),
@@ -677,7 +700,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         num_data_shards=args.num_data_shards,
         skip=skip,
         split=args.split,
-        stages=[parse_stage(text) for text in args.stage],
+        stages=stages,
         warn=lambda message: print(f"taskdata plan: warning: {message}", file=sys.stderr),
         epoch_order=order,
     )
@@ -690,11 +713,33 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     # The largest batch of any stage has the largest slices, and the bound grows with the slice.
     schedules = [plan.schedule] + [stage.schedule for stage in plan.stages if stage.schedule is not None]
     slice_size = max(max(s.start, s.end) for s in schedules) // plan.num_data_shards
+    order = plan.epoch_order
     print(
-        f"epoch order {plan.epoch_order.describe()}: at most {reads_bound(plan, slice_size)} ranged reads per "
+        f"epoch order {order.describe()}: at most {reads_bound(plan, slice_size)} ranged reads per "
         f"data shard ({slice_size} examples) at any step"
     )
+    if order.read_horizon:
+        record_bytes = _largest_record(root, plan)
+        held = order.records_held(slice_size)
+        print(
+            f"knowing {order.read_horizon} steps ahead (DataIterator's default lookahead covers it), a data shard "
+            f"makes at most {requests_bound(plan, slice_size)} requests per step after its first (when a task's "
+            f"examples per step are the width) and keeps at most {held:,} records for later steps "
+            f"({held * record_bytes / 2**20:,.1f} MiB at the caches' largest record of {record_bytes:,} bytes)"
+        )
     return 0
+
+
+def _largest_record(root: str, plan: RunPlan) -> int:
+    """The largest record of the split the plan reads, over its tasks' pinned cache versions."""
+    from taskdata.cache.format import find_version, load_manifest, task_dir
+
+    largest = 0
+    for task in plan.task_names:
+        version = find_version(task_dir(root, task), plan.caches[task].fingerprint)
+        if version is not None:
+            largest = max(largest, load_manifest(version).split(plan.split).max_record_bytes)
+    return largest
 
 
 def _add_stages(args: argparse.Namespace) -> int:
@@ -923,6 +968,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "module", None) and "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # --module finds the current folder's packages, as 'python -m' does
     from taskdata.beam.job import CacheJobError  # light: Beam itself is imported only when a job runs
+    from taskdata.cache.ranges import RangeReadError
     from taskdata.cas import ContentionError
     from taskdata.define.registry import UnknownNameError
     from taskdata.exits import run_command
@@ -933,7 +979,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"taskdata {args.command}",
         lambda: args.run(args),
         usage_errors=(ValueError, UnknownNameError, OSError, ImportError, FingerprintError),
-        data_errors=(CacheJobError, ContentionError),
+        data_errors=(CacheJobError, RangeReadError, ContentionError),
         debug=debug,
     )
 

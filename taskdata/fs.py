@@ -61,8 +61,12 @@ def open_file(path: str, mode: str = "rb", *, random_access: bool = False) -> IO
 
 
 def read_bytes(path: str) -> bytes:
-    with open_file(path, "rb") as f:
-        return f.read()
+    """The whole file; a remote one in one request (opening it as a file would ask for its metadata first)."""
+    if not is_remote(path):
+        with open(os.path.abspath(path.removeprefix("file://")), "rb") as f:
+            return f.read()
+    fs, inner = filesystem(path)
+    return bytes(fs.cat_file(inner))
 
 
 def read_many(paths: list[str]) -> list[bytes | None]:

@@ -155,9 +155,9 @@ def test_a_block_order_run_reads_each_read_with_one_request_within_the_stated_bo
     requests: list[int] = []
     real_read_extents = reader_module._read_extents
 
-    def counting(source_, path, begins, sizes):
+    def counting(fd, begins, sizes):
         requests.append(len(begins))
-        return real_read_extents(source_, path, begins, sizes)
+        return real_read_extents(fd, begins, sizes)
 
     monkeypatch.setattr(reader_module, "_read_extents", counting)
     bound = reads_bound(plan, 4)

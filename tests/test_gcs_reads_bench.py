@@ -1,45 +1,20 @@
-"""The GCS latency bench's own instruments (bench/gcs_reads.py): its proxy passes the bytes through
-unchanged, delays every request, counts exactly the GETs the client makes (one per run of records
-consecutive in a shard), and everything it starts is stopped."""
+"""The test object store's own instruments (bench/object_store.py): it passes the bytes through unchanged,
+answers ranges as GCS does, serves many requests at once, counts exactly the requests made (by kind and
+object), and everything it starts is stopped."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
+import urllib.error
+import urllib.request
 
 import pytest
 
-from taskdata.cache.reader import CacheReader
-from tests.cache_helpers import build
+from bench.object_store import running_store
 
-pytestmark = pytest.mark.slow  # cache jobs (Beam)
-
-REPO = Path(__file__).resolve().parent.parent
-
-# In a child process: gcsfs reads GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT on import, and the bench points
-# this process's gcsfs at the proxy.
-SCRIPT = """
-import json, sys, time
-from bench.gcs_reads import gcs_with_latency
-from taskdata.cache.reader import CacheReader
-version, delay_ms = sys.argv[1], float(sys.argv[2])
-with gcs_with_latency(version, delay_ms) as setup:
-    reader = CacheReader(setup.version)
-    reader.read_records("train", [0, 1], [0, 0])  # opens both shards: sidecars and object metadata
-    before, _ = setup.counts()
-    started = time.perf_counter()
-    # Shard 0: records 3, 4 and 5 are one run, 9 another; shard 1: record 2.
-    records = reader.read_records("train", [0, 0, 1, 0, 0], [5, 3, 2, 9, 4])
-    elapsed = time.perf_counter() - started
-    after, _ = setup.counts()
-    reader.close()
-print(json.dumps({"delta": dict(after - before), "elapsed": elapsed, "pids": setup.pids,
-                  "records": [r.hex() for r in records]}))
-"""
+pytestmark = pytest.mark.slow
 
 
 def _alive(pid: int) -> bool:
@@ -50,21 +25,50 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.skipif(shutil.which("gcp-storage-emulator", path=os.path.dirname(sys.executable)) is None
-                    and shutil.which("gcp-storage-emulator") is None,
-                    reason="gcp-storage-emulator is not installed")
-def test_proxy_counts_each_ranged_get_delays_it_and_stops(tmp_path):
-    version = build(tmp_path / "cache", num_shards=3).version_dir
-    delay_ms = 60
-    env = {k: v for k, v in os.environ.items() if k not in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
-    out = subprocess.run([sys.executable, "-c", SCRIPT, version, str(delay_ms)], env=dict(env, PYTHONPATH=str(REPO)),
-                         cwd=REPO, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    # Three runs, three ranged GETs of shard bytes, and nothing else once the shards are open.
-    assert result["delta"] == {"GET shard data media ranged": 3}
-    assert result["elapsed"] >= 3 * delay_ms / 1000
-    with CacheReader(version) as local:
-        expected = local.read_records("train", [0, 0, 1, 0, 0], [5, 3, 2, 9, 4])
-    assert [bytes.fromhex(r) for r in result["records"]] == expected
-    assert not any(_alive(pid) for pid in result["pids"])
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, error.read(), dict(error.headers)
+
+
+def test_the_store_serves_ranges_many_at_once_and_counts_each_request(tmp_path):
+    data = os.urandom(10_000)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "obj.bin").write_bytes(data)
+    with running_store(str(tmp_path), "b", delay_ms=300) as store:
+        media = f"{store.url}/download/storage/v1/b/b/o/dir%2Fobj.bin?alt=media"
+        assert _get(media, {"Range": "bytes=10-19"})[:2] == (206, data[10:20])
+        assert _get(media, {"Range": "bytes=9990-"})[1] == data[9990:]
+        assert _get(media, {"Range": "bytes=-5"})[1] == data[-5:]
+        assert _get(media, {"Range": "bytes=20000-20010"})[0] == 416
+        assert _get(media)[:2] == (200, data)
+        status, body, _ = _get(f"{store.url}/storage/v1/b/b/o/dir%2Fobj.bin")
+        assert status == 200 and json.loads(body)["size"] == "10000"
+        listing = json.loads(_get(f"{store.url}/storage/v1/b/b/o?prefix=&delimiter=/")[1])
+        assert listing["prefixes"] == ["dir/"] and listing["items"] == []
+        assert _get(f"{store.url}/download/storage/v1/b/b/o/..%2Fescape?alt=media")[0] == 404
+        assert _get(f"{store.url}/upload/storage/v1/b/b/o")[0] == 501
+        before = store.counts(reset_max=True)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            bodies = list(pool.map(lambda i: _get(media, {"Range": f"bytes={i * 100}-{i * 100 + 99}"})[1], range(8)))
+        assert bodies == [data[i * 100 : i * 100 + 100] for i in range(8)]
+        served = store.counts() - before
+        # Eight requests of 300 ms in flight together, each counted once, by kind and by object.
+        assert served.max_in_flight == served.max_ranged_in_flight == 8
+        assert served.requests == {"media ranged": 8} and served.objects == {"dir/obj.bin media": 8}
+        assert served.media_bytes == 800
+        pid = store.pid
+    assert not _alive(pid)
+
+
+def test_injected_faults_fail_and_stall_every_nth_object_read(tmp_path):
+    (tmp_path / "x").write_bytes(b"0123456789")
+    with running_store(str(tmp_path), "b", fail_every=2, stall_every=3, stall_s=0.2) as store:
+        media = f"{store.url}/download/storage/v1/b/b/o/x?alt=media"
+        statuses = [_get(media, {"Range": "bytes=0-3"})[0] for _ in range(6)]
+        served = store.counts()
+    assert statuses == [206, 503, 206, 503, 206, 503]  # the 3rd stalled; the 6th failed (a failure is not held)
+    assert (served.failed, served.stalled) == (3, 1)

@@ -83,12 +83,12 @@ def plan_with(order: EpochOrder) -> RunPlan:
 
 
 def test_the_registry_builds_each_order_by_kind():
-    assert sorted(orders.ORDERS) == ["block", "feistel"]
+    assert sorted(orders.ORDERS) == ["block", "feistel", "windowed"]
     assert epoch_order("feistel") == FEISTEL
     assert epoch_order("block", block_size=64) == BlockOrder(64)
     assert [orders.epoch_order_from_dict(o.to_dict()) for o in (FEISTEL, BlockOrder(8))] == [FEISTEL, BlockOrder(8)]
     assert BlockOrder(8).to_dict() == {"kind": "block", "block_size": 8}
-    with pytest.raises(PlanError, match=r"Epoch order must be one of \['block', 'feistel'\] but got 'reversed'"):
+    with pytest.raises(PlanError, match=r"Epoch order must be one of \['block', 'feistel', 'windowed'\] but got 'reversed'"):
         epoch_order("reversed")
 
 

@@ -212,7 +212,7 @@ def test_bad_epoch_orders_are_named():
         BlockOrder(0)
     with pytest.raises(PlanError, match=r"The feistel epoch order takes no options but got \['block_size'\]"):
         epoch_order("feistel", block_size=8)
-    with pytest.raises(PlanError, match=r"must be one of \['block', 'feistel'\] but got 'era'"):
+    with pytest.raises(PlanError, match=r"must be one of \['block', 'feistel', 'windowed'\] but got 'era'"):
         epoch_order("era")
     with pytest.raises(PlanError, match="must be an EpochOrder"):
         plan_of((10,), order="block")  # type: ignore[arg-type]  # as above

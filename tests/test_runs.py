@@ -330,10 +330,44 @@ def test_plan_command_stores_the_block_epoch_order_and_states_its_reads_bound(ca
     plan = RunStore(str(root)).get("blocks").plan
     assert plan.epoch_order == BlockOrder(4)
     assert f"at most {reads_bound(plan, 8)} ranged reads per data shard (8 examples)" in out
-    assert main([*argv, "--name", "records"]) == 0
-    default = RunStore(str(root)).get("records").plan
-    assert "epoch_order" not in default.to_dict() and default.fingerprint() != plan.fingerprint()
+    assert main([*argv, "--name", "records", "--epoch-order", "feistel"]) == 0
+    records = RunStore(str(root)).get("records").plan
+    assert "epoch_order" not in records.to_dict() and records.fingerprint() != plan.fingerprint()
     assert main([*argv, "--name", "x", "--epoch-order", "block"]) == 2
     assert "--epoch-order block: The block epoch order takes the options ['block_size'] but got none" in capsys.readouterr().err
-    assert main([*argv, "--name", "x", "--block-size", "4"]) == 2
+    assert main([*argv, "--name", "x", "--epoch-order", "feistel", "--block-size", "4"]) == 2
     assert "--epoch-order feistel: The feistel epoch order takes no options but got ['block_size']" in capsys.readouterr().err
+    assert main([*argv, "--name", "x", "--epoch-order", "block", "--block-size", "4", "--width", "4"]) == 2
+    assert ("--epoch-order block: The block epoch order takes the options ['block_size'] but got ['block_size', "
+            "'width']") in capsys.readouterr().err
+
+
+def test_plan_command_stores_the_windowed_order_by_default_and_states_its_requests_and_memory(caches, tmp_path,
+                                                                                             capsys):
+    from taskdata.cache.reader import CacheReader
+    from taskdata.cli import main
+    from taskdata.index import WindowedOrder, requests_bound
+
+    root = tmp_path / "root"
+    shutil.copytree(caches, root)
+    argv = ["plan", "--module", MODULE, "--cache-root", str(root), "--mixture", "toy_det", "--seed", "0",
+            "--batch-size", "16", "--num-data-shards", "2"]
+    assert main([*argv, "--name", "default"]) == 0
+    # New runs read later epochs windowed: blocks of 64, as wide as the largest batch (a ramp's end here).
+    assert RunStore(str(root)).get("default").plan.epoch_order == WindowedOrder(64, 16)
+    assert main([*argv, "--name", "ramp", "--ramp-to", "32", "--ramp-steps", "10", "--multiple-of", "2"]) == 0
+    assert RunStore(str(root)).get("ramp").plan.epoch_order == WindowedOrder(64, 32)
+    capsys.readouterr()
+    assert main([*argv, "--name", "windowed", "--epoch-order", "windowed", "--block-size", "4"]) == 0
+    out = capsys.readouterr().out
+    plan = RunStore(str(root)).get("windowed").plan
+    assert plan.epoch_order == WindowedOrder(4, 16)
+    version = CacheResolver(str(root)).resolve_run(RunStore(str(root)).get("windowed"))[0].version_dir
+    largest = CacheReader(version).manifest.split("train").max_record_bytes
+    assert "at most 8 ranged reads per data shard (8 examples)" in out
+    assert (f"knowing 4 steps ahead (DataIterator's default lookahead covers it), a data shard makes at most "
+            f"{requests_bound(plan, 8)} requests per step after its first") in out
+    assert f"keeps at most 32 records for later steps ({32 * largest / 2**20:,.1f} MiB at the caches' largest " \
+           f"record of {largest:,} bytes)" in out
+    assert main([*argv, "--name", "wide", "--width", "64"]) == 0
+    assert RunStore(str(root)).get("wide").plan.epoch_order == WindowedOrder(64, 64)

@@ -82,7 +82,7 @@ class RunIterDataset(grain.IterDataset):
         start: int | DataState = 0,
         host_slice: HostSlice | None = None,
         stop_step: int | None = None,
-        lookahead: int = 16,
+        lookahead: int | None = None,
         prefetch: int = 4,
         verify_crc: bool = True,
     ):

@@ -5,6 +5,16 @@ Two daemon threads keep the train step fed: a fetcher asks the assignment source
 interleave, padding) and queues up to ``prefetch`` of them. ``next()`` only takes a ready batch, so
 the train step waits only when reading is slower than training; ``waited_seconds`` measures that.
 
+The reader keeps the reads of up to ``read_ahead`` steps in flight (``BatchReader.start``) while it
+finishes the oldest, in step order, as long as the bytes they read stay within ``read_ahead_bytes``
+(the oldest step is always read, however large). From an object store that is what hides its latency:
+a step's ranged reads, and the next steps', are requests in flight together (at most
+``FetchOptions.max_in_flight``), not one round trip after another. The instructions of the steps after
+those (up to ``lookahead`` steps ahead) are announced to the reader, so that a request for one step also
+reads what later steps need next to it in the same shard (``RangeFetcher``): a block whose records the
+plan's epoch order spreads over many steps is read once. From local disk none of this changes anything
+(local shards are read when their step is finished).
+
 With ``workers=N`` the reader hands the steps, in order, to N worker processes
 (``trainer_client.read_workers``) that read whole batches on other cores, ``SLOTS_PER_WORKER`` steps each ahead. It
 starts them once the first batch is queued and reads steps itself until they have started, so the first
@@ -32,11 +42,12 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from taskdata.index import slice_positions
+from taskdata.cache.ranges import FetchOptions
+from taskdata.index import MAX_LOOKAHEAD, slice_positions
 from trainer_client.assignments import AssignmentError, AssignmentSource, HostSlice, RunInfo, StepReads
 from trainer_client.local_source import LocalAssignments
 from trainer_client.read_workers import SLOTS_PER_WORKER, LocalSteps, PlannedStep, ReadWorkers
-from trainer_client.reading import BatchReader, ClientBatch
+from trainer_client.reading import BatchReader, ClientBatch, PendingBatch
 
 __all__ = ["DataIterator", "DataState", "ResumeError"]
 
@@ -94,6 +105,11 @@ class _Done(enum.Enum):
 
 
 _DONE = _Done.DONE
+
+
+def _step_bytes(step_reads: StepReads) -> int:
+    """The bytes of the records a step's instructions name."""
+    return sum(int(task.byte_length.sum()) for task in step_reads.tasks)
 _Item = TypeVar("_Item")
 _Arg = TypeVar("_Arg")
 
@@ -106,8 +122,15 @@ class DataIterator:
       lengths: padded length of every feature to deliver, e.g. ``{"inputs": 512, "targets": 114}``.
       start: step 0 of a new run (an int), or the ``DataState`` of a checkpoint to resume from.
       host_slice: the slice of every global batch this host reads (default: process index of count).
-      lookahead: steps of instructions fetched per request.
+      lookahead: steps of instructions known ahead of the train step, fetched in requests of this many
+        steps (at most ``MAX_LOOKAHEAD``, 64, what the server answers at once). Default: 16, or the plan's
+        epoch order's ``read_horizon`` plus ``read_ahead`` where that is more (the windowed order: a block's
+        records are dealt out over that many steps, and read with one request when they are all known).
       prefetch: batches read ahead of the train step.
+      read_ahead: steps whose reads may be in flight at once.
+      read_ahead_bytes: the most bytes that the records of steps started and not finished may hold (one
+        step is always read, whatever its size).
+      fetch: how remote shards are read: ``FetchOptions(max_in_flight, max_gap, timeout, attempts)``.
       workers: processes that read batches (0: the reading thread of this process reads them). Over a
         ``LocalAssignments`` source each worker computes its own steps' instructions (this process
         computes only the steps it reads itself: skipped ones, and those before the workers have started).
@@ -128,14 +151,20 @@ class DataIterator:
         *,
         start: int | DataState = 0,
         host_slice: HostSlice | None = None,
-        lookahead: int = 16,
+        lookahead: int | None = None,
         prefetch: int = 4,
         stop_step: int | None = None,
         verify_crc: bool = True,
         workers: int = 0,
         copy_batches: bool = True,
+        read_ahead: int = 8,
+        read_ahead_bytes: int = 64 << 20,
+        fetch: FetchOptions | None = None,
     ):
-        for value, what in ((lookahead, "lookahead"), (prefetch, "prefetch")):
+        for value, what in ((lookahead, "lookahead"), (prefetch, "prefetch"), (read_ahead, "read_ahead"),
+                            (read_ahead_bytes, "read_ahead_bytes")):
+            if value is None and what == "lookahead":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{what} must be a positive integer but got {value!r}.")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
@@ -144,6 +173,8 @@ class DataIterator:
             raise ValueError(f"copy_batches must be True or False but got {copy_batches!r}.")
         self._source = source
         info = source.run_info()
+        if lookahead is None:
+            lookahead = max(16, info.plan.epoch_order.read_horizon + read_ahead)
         if isinstance(start, DataState):
             try:
                 self._check_run(start)
@@ -163,7 +194,12 @@ class DataIterator:
         self.host_slice = host_slice
         self._next_step = first
         self._stop_step = stop_step
-        self._reader = BatchReader(info, lengths, verify_crc=verify_crc)
+        # Over a local source the reader shares its cache readers: each sidecar is read once per process.
+        readers = source.readers if isinstance(source, LocalAssignments) else None
+        self._reader = BatchReader(info, lengths, verify_crc=verify_crc, readers=readers, fetch=fetch)
+        self._read_ahead = read_ahead
+        self._read_ahead_bytes = read_ahead_bytes
+        self._fetch_options = fetch
         self._workers = workers
         # Over a local source the workers compute their steps' instructions; the fetch thread queues only
         # the steps' numbers and positions (PlannedStep), and this process computes the instructions of
@@ -357,9 +393,10 @@ class DataIterator:
 
     def _fetch(self, step: int) -> None:
         while self._stop_step is None or step < self._stop_step:
-            count = (
-                self._lookahead if self._stop_step is None else min(self._lookahead, self._stop_step - step)
-            )
+            # A window is one request: at most what the server answers at once.
+            count = min(self._lookahead, MAX_LOOKAHEAD)
+            if self._stop_step is not None:
+                count = min(count, self._stop_step - step)
             window = self._planned(step, count) if self._local else self._fetch_reads(step, count)
             for item in window:
                 if not self._put(self._instructions, item):
@@ -407,17 +444,75 @@ class DataIterator:
         if self._workers:
             self._read_pooled()
             return
-        while True:
-            item = self._get(self._instructions)
+        self._reader.forget_announced()
+        known: collections.deque[StepReads | BaseException] = collections.deque()  # announced, not started
+        started: collections.deque[PendingBatch | BaseException] = collections.deque()  # in step order
+        received_all = False
+        try:
+            while not received_all or known or started:
+                if self._stopping.is_set():
+                    return
+                if not received_all:
+                    received_all = self._receive(known, started)
+                self._start_known(known, started)
+                if not started:
+                    continue
+                head = started.popleft()
+                if isinstance(head, BaseException):
+                    raise head  # after the batch of every step before it
+                if not self._put(self._batches, self._reader.finish(head)):
+                    return
+        finally:
+            for pending in started:
+                if isinstance(pending, PendingBatch):
+                    pending.cancel()
+
+    def _receive(self, known: collections.deque[StepReads | BaseException],
+                 started: collections.deque[PendingBatch | BaseException]) -> bool:
+        """Takes the instructions that have come, up to ``lookahead`` steps ahead, announcing each to the
+        reader (waiting for one only when there is nothing else to do); True after the last one (or an error)."""
+        while len(known) + len(started) < self._lookahead:
+            item: StepReads | PlannedStep | BaseException | _Done
+            if known or started:
+                try:
+                    item = self._instructions.get_nowait()
+                except queue.Empty:
+                    return False
+            else:
+                item = self._get(self._instructions)
             if item is _DONE:
-                return
+                return True
             if isinstance(item, BaseException):
-                raise item
-            if isinstance(item, StepReads):
-                self._check_slice(item)
-            batch = self._reader.read(self._reads_of(item))
-            if not self._put(self._batches, batch):
+                known.append(item)
+                return True
+            assert isinstance(item, StepReads)  # without workers the fetch thread sends instructions only
+            known.append(item)
+            self._reader.announce(item)
+        return False
+
+    def _start_known(self, known: collections.deque[StepReads | BaseException],
+                     started: collections.deque[PendingBatch | BaseException]) -> None:
+        """Starts the reads of the next steps, within ``read_ahead`` steps and ``read_ahead_bytes``."""
+        held = sum(_step_bytes(p.step_reads) for p in started if isinstance(p, PendingBatch))
+        opened = False
+        while known and len(started) < self._read_ahead and (not started or held < self._read_ahead_bytes):
+            if not opened:  # only a prefetch of sidecars: what fails here fails again, in order, below
+                with contextlib.suppress(Exception):
+                    self._reader.open([s for s in known if isinstance(s, StepReads)][: self._read_ahead])
+                opened = True
+            item = known.popleft()
+            if isinstance(item, BaseException):
+                known.clear()
+                started.append(item)
                 return
+            try:
+                self._check_slice(item)
+                started.append(self._reader.start(item))
+            except Exception as error:
+                known.clear()
+                started.append(error)
+                return
+            held += _step_bytes(item)
 
     def _start_pool(self) -> ReadWorkers | None:
         """The read workers, started now (None if the iterator is stopping)."""
@@ -429,7 +524,8 @@ class DataIterator:
                     assert isinstance(self._source, LocalAssignments)
                     local = LocalSteps(self._source.version_dirs, self.host_slice)
                 self._pool = ReadWorkers(
-                    reader.info, reader.lengths, self._workers, verify_crc=reader.verify_crc, local=local
+                    reader.info, reader.lengths, self._workers, verify_crc=reader.verify_crc, local=local,
+                    fetch=self._fetch_options,
                 )
             return self._pool
 

@@ -1,9 +1,11 @@
 """``LocalAssignments``: read instructions from a local ``RunPlan`` and its cache versions, no HTTP.
 
 It computes the same value as the server (``taskdata.index.step_slices``, one host slice alone: the
-server cuts its answers from whole steps, which gives equal values), with byte ranges from each shard's verified offsets
-sidecar, loaded for the shards a step reads only. For tests, single-machine runs, and hosts that
-prefer not to depend on a service.
+server cuts its answers from whole steps, which gives equal values), with byte ranges from each shard's
+verified offsets sidecar, loaded for the shards a step reads only. For caches on an object store, the sidecars of every
+shard a window of steps reads are fetched together before its instructions are computed (one round
+trip per task and window, not one per shard). For tests, single-machine runs, and hosts that prefer
+not to depend on a service.
 """
 
 from __future__ import annotations
@@ -11,10 +13,20 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+import numpy as np
+
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError, find_version, list_versions, task_dir
 from taskdata.cache.reader import CacheReader
-from taskdata.index import RunPlan, RunTables, StepReads, step_slices
+from taskdata.index import (
+    RunPlan,
+    RunTables,
+    StepReads,
+    example_arrays,
+    fits_int64,
+    slice_positions,
+    step_slices,
+)
 from taskdata.runs import StoredRun
 from trainer_client.assignments import HostSlice, RunInfo
 from trainer_client.shard_table import CacheReaderTable
@@ -57,11 +69,35 @@ class LocalAssignments:
     def run_info(self) -> RunInfo:
         return self._info
 
+    @property
+    def readers(self) -> dict[str, CacheReader]:
+        """The cache readers of the run's version folders, by folder: a ``BatchReader`` given them reads
+        each shard's sidecar once, with this source (they are safe to share with one reading thread)."""
+        return {reader.version_dir: reader for reader in self._readers}
+
     def fetch(self, first_step: int, num_steps: int, host_slice: HostSlice) -> list[StepReads]:
+        if any(fs.is_remote(reader.version_dir) for reader in self._readers):
+            self._load_offsets(first_step, num_steps, host_slice)
         return [
             step_slices(self._tables, step, host_slice.count, only=host_slice.index)[0]
             for step in range(first_step, first_step + num_steps)
         ]
+
+    def _load_offsets(self, first_step: int, num_steps: int, host_slice: HostSlice) -> None:
+        """Loads the sidecars of every shard the window's steps read, per task all at once."""
+        plan = self._info.plan
+        shards: list[set[int]] = [set() for _ in self._readers]
+        for step in range(first_step, first_step + num_steps):
+            if plan.is_skipped(step):
+                continue
+            positions = slice_positions(plan, step, host_slice.index, host_slice.count)
+            if not fits_int64(plan, positions):
+                return  # beyond int64 each step loads its own (the scalar index chain)
+            arrays = example_arrays(plan, positions)
+            for task in np.unique(arrays.tasks).tolist():
+                shards[task].update(np.unique(arrays.shards[arrays.tasks == task]).tolist())
+        for reader, wanted in zip(self._readers, shards, strict=True):
+            reader.load_offsets(plan.split, wanted)
 
     def close(self) -> None:
         for reader in self._readers:

@@ -10,7 +10,9 @@ of its instructions (``taskdata.index.to_json``), over a pair of pipes of its ow
 free for logs). Over a local source (``LocalSteps``: the cache version folders and the host's slice)
 a worker gets only step numbers (``PlannedStep``) and computes each step's instructions itself with the
 index math ``LocalAssignments`` runs, so that neither the iterator's process nor the worker spends
-its time on the instructions' JSON. It decodes each batch's int32 arrays straight into one of its
+its time on the instructions' JSON. A worker reading from an object store starts the reads of every
+step it has been sent before it finishes the oldest (``BatchReader.start``), so that their requests
+are in flight together. It decodes each batch's int32 arrays straight into one of its
 ``2 * SLOTS_PER_WORKER`` slot files shared with the iterator (anonymous memory files, ``memfd``, where the
 system has them; unlinked temporary files elsewhere), the one the request names, and answers with a
 fixed binary header (the feature layout only when it changes). The iterator hands the batch out as
@@ -47,12 +49,14 @@ from typing import IO, Any
 
 import numpy as np
 
+from taskdata import fs
 from taskdata.cache.format import CacheFormatError
+from taskdata.cache.ranges import FetchOptions
 from taskdata.cache.tfrecord import CorruptRecordError
 from taskdata.index import RunPlan, StepReads, from_json, to_json
 from trainer_client.assignments import AssignmentError, HostSlice, RunInfo
 from trainer_client.local_source import LocalAssignments
-from trainer_client.reading import BatchReader, ClientBatch
+from trainer_client.reading import BatchReader, ClientBatch, PendingBatch
 
 __all__ = ["SLOTS_PER_WORKER", "LocalSteps", "PlannedStep", "ReadWorkerError", "ReadWorkers", "keep_batch_memory"]
 
@@ -400,13 +404,15 @@ class ReadWorkers:
         *,
         verify_crc: bool = True,
         local: LocalSteps | None = None,
+        fetch: FetchOptions | None = None,
     ):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"The number of read workers must be a positive integer but got {count!r}.")
         local_setup = None if local is None else {
             "version_dirs": dict(local.version_dirs), "host_slice": [local.host_slice.index, local.host_slice.count]}
         setup = json.dumps({"plan": info.plan.to_dict(), "split": info.split, "lengths": dict(lengths),
-                            "verify_crc": verify_crc, "local": local_setup}).encode()  # fmt: skip
+                            "verify_crc": verify_crc, "local": local_setup,
+                            "fetch": dataclasses.asdict(fetch or FetchOptions())}).encode()  # fmt: skip
         self.local = local
         self._workers: list[_Worker] = []
         try:
@@ -514,35 +520,53 @@ def _drain(requests: io.BufferedReader, into: queue.SimpleQueue[bytes | None]) -
 def _serve(requests: io.BufferedReader, replies: IO[bytes], slot_fds: list[int]) -> None:
     setup = json.loads(_receive_message(requests, "the setup message"))
     info = RunInfo(RunPlan.from_dict(setup["plan"]), setup["split"])
-    reader = BatchReader(info, setup["lengths"], verify_crc=setup["verify_crc"])
     local = setup["local"]
-    # With a local source the worker computes its steps' instructions as the iterator's source would.
+    # With a local source the worker computes its steps' instructions as the iterator's source would, and
+    # reads with the same cache readers (each sidecar loaded once per process).
     steps = None if local is None else (LocalAssignments(info.plan, local["version_dirs"]), HostSlice(*local["host_slice"]))
-    if steps is None:
-        pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    readers = None if steps is None else steps[0].readers
+    reader = BatchReader(info, setup["lengths"], verify_crc=setup["verify_crc"], readers=readers,
+                         fetch=FetchOptions(**setup["fetch"]))
+    pending: queue.SimpleQueue[bytes | None] | None = None
+    if steps is None or any(fs.is_remote(d) for d in local["version_dirs"].values()):
+        # Requests are taken off the pipe as they come, so that this thread can see the steps waiting and
+        # start their reads (from an object store: in flight together) before it finishes the oldest.
+        pending = queue.SimpleQueue()
         threading.Thread(target=_drain, args=(requests, pending), daemon=True, name="taskdata-requests").start()
         next_request = pending.get
     else:
-        # A step number is a few bytes and at most SLOTS_PER_WORKER are in flight, as are replies of a few
-        # bytes: neither pipe can fill, so this thread reads the requests itself, without the thread (and
-        # its hand-over of the GIL every step) that a step's instructions need.
+        # Local caches gain nothing from reading ahead, and a step number is a few bytes (at most
+        # SLOTS_PER_WORKER in flight, as are replies of a few bytes): neither pipe can fill, so this
+        # thread reads the requests itself, without the thread (and its hand-over of the GIL every step)
+        # that instructions need.
         next_request = functools.partial(_next_request, requests)
     slots = [_Slot(fd) for fd in slot_fds]
     sent_layout: list[list[Any]] | None = None  # the layout the iterator holds: sent again only when it changes
+    started: collections.deque[tuple[int, PendingBatch | Exception]] = collections.deque()  # (slot, step), in order
     _reply(replies, -1, _READY)
     try:
         while True:
-            if (message := next_request()) is None:
-                break
-            index, message = _REQUEST.unpack_from(message)[0], message[_REQUEST.size :]
+            if not started or (pending is not None and not pending.empty()):
+                if (message := next_request()) is None:
+                    break
+                index, message = _REQUEST.unpack_from(message)[0], message[_REQUEST.size :]
+                try:
+                    if steps is None:
+                        step_reads = from_json(message)
+                    else:
+                        source, host_slice = steps
+                        step_reads = source.fetch(int(message), 1, host_slice)[0]
+                    started.append((index, reader.start(step_reads)))
+                except Exception as error:  # reported to the train loop in step order, which raises it
+                    started.append((index, error))
+                continue
+            index, head = started.popleft()
             # The batch is decoded straight into its slot: no arrays of its own, no copy.
             writer = _SlotWriter(slots[index])
             try:
-                if steps is None:
-                    batch = reader.read(from_json(message), writer)
-                else:
-                    source, host_slice = steps
-                    batch = reader.read(source.fetch(int(message), 1, host_slice)[0], writer)
+                if isinstance(head, Exception):
+                    raise head
+                batch = reader.finish(head, writer)
             except Exception as error:  # reported to the train loop, which raises it
                 _reply(replies, -1, _ERROR, _error_reply(error))
                 continue

@@ -1,10 +1,16 @@
 """Step instructions -> this host's numpy batch: verified reads, the interleave order, padding.
 
 Shard URIs name files inside a cache version folder; a ``CacheReader`` is opened per folder on first
-use, and only if that folder holds the exact bytes the run's plan pins (its manifest sha256). Every
-read is checked three ways: each file's URI is that reader's own path for the shard, the byte ranges
-are the ones its verified offsets sidecars give, and each record's CRCs match
-(``CacheReader.read_records``).
+use (or taken from the instruction source, ``readers``, so that each sidecar is read once per process),
+and only if that folder holds the exact bytes the run's plan pins (its manifest sha256). Every read is
+checked three ways: each file's URI is that reader's own path for the shard, the byte ranges are the
+ones its verified offsets sidecars give, and each record's CRCs match (``CacheReader.read_records``).
+
+Reading a step is two calls: ``start`` checks the instructions and starts the step's reads (remote
+shards: ranged requests in flight through the reader's ``RangeFetcher``, at most
+``FetchOptions.max_in_flight`` at once), ``finish`` waits for them, verifies and decodes. A caller
+that starts several steps before finishing the first keeps their reads in flight together
+(``DataIterator`` does, within its read-ahead); ``read`` is both at once.
 
 A packed cache's record is one row of several examples (``taskdata.example.packing``): it is read as one
 example, and for every packed feature the reader also passes its ``_segment_ids`` and ``_positions``
@@ -19,7 +25,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from taskdata.cache.reader import CacheReader
+from taskdata import fs
+from taskdata.cache.ranges import FetchOptions, RangeFetcher
+from taskdata.cache.reader import CacheReader, PendingSpans
 from taskdata.example import decode_batch, decode_padded, pad_features
 from taskdata.example.packing import positions_name, segment_ids_name
 from taskdata.example.padded import Allocate
@@ -27,7 +35,7 @@ from taskdata.index import StepReads, TaskReads
 from trainer_client.assignments import AssignmentError, RunInfo
 from trainer_client.shard_table import CacheReaderTable
 
-__all__ = ["BatchReader", "ClientBatch"]
+__all__ = ["BatchReader", "ClientBatch", "PendingBatch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +58,33 @@ class ClientBatch:
                        if not name.endswith(("_segment_ids", "_positions"))))
 
 
-class BatchReader:
-    """Reads the records a ``StepReads`` names. Not thread-safe: one reading thread owns it."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class PendingBatch:
+    """A step whose reads ``BatchReader.start`` has started: each task's records on their way."""
 
-    def __init__(self, info: RunInfo, lengths: Mapping[str, int], *, verify_crc: bool = True):
+    step_reads: StepReads
+    spans: tuple[PendingSpans | None, ...]  # per task of the plan; None for a task the step does not read
+
+    def cancel(self) -> None:
+        for spans in self.spans:
+            if spans is not None:
+                spans.cancel()
+
+
+class BatchReader:
+    """Reads the records a ``StepReads`` names. Not thread-safe: one reading thread owns it.
+
+    Args:
+      info: the run.
+      lengths: padded length of every feature to deliver.
+      verify_crc: check both CRCs of every record (framing and the sidecar's CRCs are always checked).
+      readers: cache readers of the run's version folders, by folder, to read with instead of opening
+        new ones (``LocalAssignments.readers``); the caller closes them.
+      fetch: how remote shards are read (requests in flight, coalescing, timeouts, retries).
+    """
+
+    def __init__(self, info: RunInfo, lengths: Mapping[str, int], *, verify_crc: bool = True,
+                 readers: Mapping[str, CacheReader] | None = None, fetch: FetchOptions | None = None):
         if not lengths:
             raise ValueError("lengths must name at least one feature, e.g. {'inputs': 512, 'targets': 114}.")
         for name, length in lengths.items():
@@ -63,14 +94,63 @@ class BatchReader:
         self.lengths = dict(lengths)
         self.verify_crc = verify_crc
         self._readers: dict[str, tuple[CacheReader, CacheReaderTable]] = {}
+        self._given = dict(readers or {})
+        self._fetcher = RangeFetcher(fetch)
+        # Reads of remote shards by steps announced and not started: uri -> step -> (byte offsets, lengths).
+        self._announced: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
         self._packed: tuple[str, ...] | None = None  # the packed features of the run's caches, once one is open
 
     def read(self, step_reads: StepReads, into: Allocate | None = None) -> ClientBatch:
         """The step's batch; with ``into``, each feature's array is one ``into`` gave (called with the
         feature's name, rows and length, once or more: a name asked again wants the same array)."""
+        return self.finish(self.start(step_reads), into)
+
+    def open(self, steps: Sequence[StepReads]) -> None:
+        """Loads the offsets sidecars of every shard ``steps`` read that is not loaded yet, all at once (of
+        remote shards: one round trip per cache version), so that starting them waits for none."""
+        wanted: dict[tuple[int, str], set[int]] = {}
+        for step_reads in steps:
+            for t, task in enumerate(step_reads.tasks):
+                for shard, uri in zip(task.files.tolist(), task.file_uris, strict=True):
+                    wanted.setdefault((t, uri.rsplit("/", 1)[0]), set()).add(shard)
+        for (t, version_dir), shards in wanted.items():
+            reader, _ = self._reader_for(t, version_dir, None)
+            reader.load_offsets(self.info.split, shards)
+
+    def announce(self, step_reads: StepReads) -> None:
+        """Says that ``step_reads`` will be started later: the requests of the steps started before it may take
+        in its reads of remote shards (``RangeFetcher.start``'s ``later``), so that it finds them read."""
+        for uri, ranges in _byte_ranges_by_file(step_reads).items():
+            self._announced.setdefault(uri, {})[step_reads.step] = ranges
+
+    def forget_announced(self) -> None:
+        """Forgets every step announced and not started (a reader that moves to another step)."""
+        self._announced.clear()
+
+    def start(self, step_reads: StepReads) -> PendingBatch:
+        """Checks the step's instructions against the verified sidecars and starts its reads (each request of a
+        remote shard taking in the reads of the steps announced for later that chain onto it)."""
+        if step_reads.skipped:
+            return PendingBatch(step_reads, ())
+        hints = {}
+        for uri in {uri for task in step_reads.tasks for uri in task.file_uris}:
+            steps = self._announced.get(uri)
+            if steps is None:
+                continue
+            steps.pop(step_reads.step, None)
+            if not steps:
+                del self._announced[uri]
+                continue
+            hints[uri] = (np.concatenate([b for b, _ in steps.values()]), np.concatenate([n for _, n in steps.values()]))
+        spans = tuple(self._start_spans(step_reads.step, t, task, hints) for t, task in enumerate(step_reads.tasks))
+        return PendingBatch(step_reads, spans)
+
+    def finish(self, pending: PendingBatch, into: Allocate | None = None) -> ClientBatch:
+        """The batch of a started step (see ``read``)."""
+        step_reads = pending.step_reads
         if step_reads.skipped:
             return ClientBatch(step_reads.step, True, step_reads.global_batch_size, step_reads.positions, {})
-        per_task = [self._spans(step_reads.step, t, task) for t, task in enumerate(step_reads.tasks)]
+        per_task = [_EMPTY if spans is None else spans.result() for spans in pending.spans]
         buffer, starts, ends = _interleave(step_reads.step, per_task, step_reads.order)
         lengths = self._lengths_with_packing()
         features = decode_padded(buffer, starts, ends, lengths, into)
@@ -105,13 +185,14 @@ class BatchReader:
                 lengths[segment_ids_name(name)] = lengths[positions_name(name)] = length
         return lengths
 
-    def _spans(self, step: int, task_index: int, task: TaskReads) -> tuple[bytes, np.ndarray, np.ndarray]:
-        """The records of ``task``'s reads, in order (one buffer and their spans in it), after checking
-        every file and byte range."""
+    def _start_spans(self, step: int, task_index: int, task: TaskReads,
+                     hints: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> PendingSpans | None:
+        """Starts reading the records of ``task``'s reads, in order, after checking every file and byte
+        range (None when there are none)."""
         if not len(task):
-            return b"", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+            return None
         found = [
-            self._reader_for(task_index, uri, shard)
+            self._reader_for(task_index, uri.rsplit("/", 1)[0], (shard, uri))
             for shard, uri in zip(task.files.tolist(), task.file_uris, strict=True)
         ]
         reader, table = found[-1]  # every one holds the bytes the plan pins
@@ -132,19 +213,20 @@ class BatchReader:
                 "were made for other bytes; do not train on them."
             )
         shards, records = task.records()
-        return reader.read_spans(self.info.split, shards, records)
+        return reader.start_spans(self.info.split, shards, records, self._fetcher, hints)
 
-    def _reader_for(self, task_index: int, uri: str, shard: int) -> tuple[CacheReader, CacheReaderTable]:
+    def _reader_for(
+        self, task_index: int, version_dir: str, file: tuple[int, str] | None
+    ) -> tuple[CacheReader, CacheReaderTable]:
+        """The reader of ``version_dir`` (task ``task_index``'s), checking that it holds ``file`` (shard, URI)."""
         task = self.info.plan.task_names[task_index]
-        version_dir = uri.rsplit("/", 1)[0]
         found = self._readers.get(version_dir)
         if found is None:
+            expected = self.info.plan.caches[task].fingerprint
+            given = self._given.get(version_dir)
             # Refuses a folder whose manifest is not the one the plan pins for this task.
-            reader = CacheReader(
-                version_dir,
-                verify_crc=self.verify_crc,
-                expected_manifest_sha256=self.info.plan.caches[task].fingerprint,
-            )
+            reader = given if given is not None and given.manifest_sha256 == expected and given.verify_crc == self.verify_crc else CacheReader(
+                version_dir, verify_crc=self.verify_crc, expected_manifest_sha256=expected)
             packed = reader.manifest.packed_features
             if self._packed is not None and packed != self._packed:
                 raise AssignmentError(
@@ -155,18 +237,40 @@ class BatchReader:
             self._packed = packed
             found = self._readers[version_dir] = (reader, CacheReaderTable(reader, self.info.split))
         reader, table = found
-        if reader.task != task or not 0 <= shard < len(table.shard_uris) or table.shard_uris[shard] != uri:
+        shard, uri = file if file is not None else (0, None)
+        if reader.task != task or (uri is not None and (
+                not 0 <= shard < len(table.shard_uris) or table.shard_uris[shard] != uri)):
             theirs = table.shard_uris[shard] if 0 <= shard < len(table.shard_uris) else "no such shard"
             raise AssignmentError(
-                f"Instructions name {uri} as shard {shard} of task {task!r}, but that version folder holds "
-                f"task {reader.task!r} whose shard {shard} is {theirs}."
+                f"Instructions name {uri or version_dir} as shard {shard} of task {task!r}, but that version folder "
+                f"holds task {reader.task!r} whose shard {shard} is {theirs}."
             )
         return found
 
     def close(self) -> None:
         for reader, _ in self._readers.values():
-            reader.close()
+            if not any(reader is given for given in self._given.values()):
+                reader.close()
         self._readers.clear()
+        self._fetcher.close()
+
+
+def _byte_ranges_by_file(step_reads: StepReads) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The (byte offsets, byte lengths) a step reads, per remote shard file (local ones need no hints)."""
+    out = {}
+    for task in step_reads.tasks:
+        if not len(task) or not fs.is_remote(task.file_uris[0]):
+            continue
+        uris = dict(zip(task.files.tolist(), task.file_uris, strict=True))
+        order = np.argsort(task.shard, kind="stable")
+        shards = task.shard[order]
+        cuts = np.flatnonzero(np.diff(shards)) + 1
+        for mine in np.split(order, cuts):
+            out[uris[int(task.shard[mine[0]])]] = (task.byte_offset[mine], task.byte_length[mine])
+    return out
+
+
+_EMPTY: tuple[bytes, np.ndarray, np.ndarray] = (b"", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
 def _copied_into(features: Mapping[str, np.ndarray], into: Allocate) -> dict[str, np.ndarray]:

@@ -1,7 +1,7 @@
 """``CacheReaderTable``: a cache reader as the ``taskdata.index.ShardTable`` of its task's version.
 
 Byte ranges come from the shards' offsets sidecars, each loaded (and checked against the manifest) on
-first use, so a host loads the sidecars of the shards it reads only. ``LocalAssignments`` computes
+first use, so a host loads the sidecars of the shards it reads only; those a call needs are loaded together. ``LocalAssignments`` computes
 read instructions with it; ``BatchReader`` checks every instruction's byte ranges against it.
 """
 
@@ -30,6 +30,7 @@ class CacheReaderTable:
         """(byte offsets, byte lengths) of the reads; IndexError names a read outside its shard."""
         starts = np.empty(len(shards), np.int64)
         ends = np.empty(len(shards), np.int64)
+        self._reader.load_offsets(self._split, np.unique(shards).tolist())  # of remote shards: one round trip
         order = np.argsort(shards, kind="stable")
         cuts = np.flatnonzero(np.diff(shards[order])) + 1
         for mine in np.split(order, cuts) if len(order) else ():

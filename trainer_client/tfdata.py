@@ -55,7 +55,7 @@ def tf_dataset(
     start: int | DataState = 0,
     host_slice: HostSlice | None = None,
     stop_step: int | None = None,
-    lookahead: int = 16,
+    lookahead: int | None = None,
     prefetch: int = 4,
     verify_crc: bool = True,
 ) -> Any:

@@ -7,6 +7,10 @@ of every record are checked, each record's stored data CRC must be the one the s
 index (so a record moved to another place is caught), and lengths beyond the manifest's maximum are
 rejected. Local shards are read with ``pread``, never memory-mapped: a shard truncated under a running
 reader is a ``CorruptRecordError`` naming the record and byte offsets in the file, not a bus error.
+Remote shards are read by a ``RangeFetcher`` (``taskdata.cache.ranges``): ``start_spans`` starts a
+batch's reads and returns at once, so a caller can keep several batches' reads in flight, and
+``PendingSpans.result`` checks them as ``read_spans`` does. A shard's first read costs one request
+more, its offsets sidecar (``load_offsets`` fetches many shards' sidecars at once).
 Nothing here imports TensorFlow, so a trainer host does not need it.
 """
 
@@ -15,13 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
-from typing import IO, TYPE_CHECKING
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from taskdata import fs
 from taskdata.cache.format import CacheFormatError, Manifest, ShardEntry, completed_path, load_manifest
+from taskdata.cache.ranges import PendingRanges, RangeFetcher
 
 if TYPE_CHECKING:  # imported on first use, as before
     from taskdata.cache.origins import OriginTable
@@ -29,10 +35,7 @@ if TYPE_CHECKING:  # imported on first use, as before
     from taskdata.cache.tfrecord import RecordIndex
     from taskdata.example import RaggedFeature
 
-# An open shard file: a raw file descriptor (local, read with pread) or a random-access fsspec file.
-_Source = int | IO[bytes]
-
-__all__ = ["CacheReader", "feature_spec"]
+__all__ = ["CacheReader", "PendingSpans", "feature_spec"]
 
 PROVENANCE = "provenance/"
 
@@ -48,7 +51,12 @@ def feature_spec(manifest: Manifest, include_provenance: bool = False) -> dict[s
 
 
 class CacheReader:
-    """One complete cache version of one task. Not thread-safe: give each reading thread its own."""
+    """One complete cache version of one task.
+
+    Loading shards' offsets sidecars (``shard_offsets``, ``load_offsets``) is safe from several threads,
+    so that one thread may compute read instructions while another reads with the same reader (each
+    sidecar is then read once); reading records is one thread's at a time.
+    """
 
     def __init__(self, version_dir: str, *, verify_crc: bool = True, expected_manifest_sha256: str | None = None):
         self.version_dir = version_dir.rstrip("/")
@@ -62,12 +70,18 @@ class CacheReader:
             )
         self._verify_crc = verify_crc
         self._shards: dict[tuple[str, int], tuple[ShardReader, RecordIndex]] = {}
-        self._sources: dict[tuple[str, int], _Source] = {}
+        self._loading = threading.Lock()  # held while sidecars are loaded into _shards
+        self._files: dict[tuple[str, int], int] = {}  # local shards' file descriptors, read with pread
+        self._fetcher: RangeFetcher | None = None  # remote shards' reads, unless the caller gives its own
         self._origins: dict[tuple[str, int], OriginTable] = {}
 
     @property
     def task(self) -> str:
         return self.manifest.task
+
+    @property
+    def verify_crc(self) -> bool:
+        return self._verify_crc
 
     def record_counts(self, split: str) -> tuple[int, ...]:
         return self.manifest.split(split).record_counts
@@ -134,25 +148,42 @@ class CacheReader:
     ) -> tuple[bytes, np.ndarray, np.ndarray]:
         """:meth:`read_records` without a bytes object per record: one buffer, and where record i lies
         in it, ``buffer[starts[i]:ends[i]]`` (int64 arrays; a record asked for twice is there once)."""
+        return self.start_spans(split, shards, records).result()
+
+    def start_spans(
+        self, split: str, shards: Sequence[int] | np.ndarray, records: Sequence[int] | np.ndarray,
+        fetcher: RangeFetcher | None = None, later: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> PendingSpans:
+        """Starts :meth:`read_spans`' reads and returns at once; its ``result()`` is what ``read_spans``
+        returns. Remote shards are read by ``fetcher`` (default: this reader's own), local ones when the
+        result is asked for. Sidecars not loaded yet are loaded first (one round trip for all of them).
+        ``later`` maps a shard's path to the (byte offsets, byte lengths) later calls will read of it: a
+        remote read may be extended over them (``RangeFetcher.start``)."""
         shard_array = np.asarray(shards, dtype=np.int64)
         record_array = np.asarray(records, dtype=np.int64)
         if shard_array.shape != record_array.shape or shard_array.ndim != 1:
             raise ValueError("shards and records must be 1-D sequences of the same length.")
-        unique = np.unique(shard_array).tolist()
-        if len(unique) == 1:
-            return self._gather(split, int(unique[0]), record_array)
-        parts = []
-        starts = np.zeros(len(shard_array), dtype=np.int64)
-        ends = np.zeros(len(shard_array), dtype=np.int64)
-        offset = 0
-        for shard in unique:
-            slots = np.flatnonzero(shard_array == shard)
-            buffer, shard_starts, shard_ends = self._gather(split, int(shard), record_array[slots])
-            starts[slots] = shard_starts + offset
-            ends[slots] = shard_ends + offset
-            parts.append(buffer)
-            offset += len(buffer)
-        return b"".join(parts), starts, ends
+        # Each distinct record once, in file order, shard by shard; a run of consecutive records is one read.
+        inverse = None
+        if len(shard_array) and not (np.all(shard_array == shard_array[0]) and np.all(np.diff(record_array) == 1)):
+            order = np.lexsort((record_array, shard_array))
+            sorted_shards, sorted_records = shard_array[order], record_array[order]
+            new = np.ones(len(order), bool)
+            new[1:] = (np.diff(sorted_shards) != 0) | (np.diff(sorted_records) != 0)
+            inverse = np.empty(len(order), np.int64)
+            inverse[order] = np.cumsum(new) - 1
+            shard_array, record_array = sorted_shards[new], sorted_records[new]
+        cuts = np.flatnonzero(np.diff(shard_array)) + 1
+        firsts = [0, *cuts.tolist()]
+        unique = shard_array[firsts].tolist() if len(shard_array) else []
+        self.load_offsets(split, unique)
+        if fetcher is None and fs.is_remote(self.version_dir):
+            fetcher = self._own_fetcher()
+        later = later or {}
+        bounds = [*firsts, len(shard_array)]
+        parts = [self._start_shard(split, shard, record_array[bounds[k] : bounds[k + 1]], fetcher, later)
+                 for k, shard in enumerate(unique)]
+        return PendingSpans(parts, inverse)
 
     def decode_records(self, split: str, shards: Sequence[int] | np.ndarray, records: Sequence[int] | np.ndarray,
                        spec: Mapping[str, str] | None = None) -> dict[str, RaggedFeature]:
@@ -163,58 +194,41 @@ class CacheReader:
         buffer, starts, ends = self.read_spans(split, shards, records)
         return decode_buffer(buffer, starts, ends, spec or feature_spec(self.manifest))
 
-    def _gather(self, split: str, shard: int, records: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
-        from taskdata.cache.tfrecord import CorruptRecordError, check_frames, truncation_reason
-
+    def _start_shard(self, split: str, shard: int, wanted: np.ndarray, fetcher: RangeFetcher | None,
+                     later: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> _PendingShard:
+        """Starts the reads of one shard's records ``wanted`` (distinct, increasing)."""
         reader, index = self._reader(split, shard)
         offsets = index.offsets
         count = index.count
-        if len(records) and (records.min() < 0 or records.max() >= count):
-            bad = int(records[(records < 0) | (records >= count)][0])
+        if wanted[0] < 0 or wanted[-1] >= count:
+            bad = int(wanted[0] if wanted[0] < 0 else wanted[-1])
             raise IndexError(f"Shard {reader.path} has {count} records; record {bad} is out of range. "
                              "The read plan does not match this cache version.")
-        # Each distinct record once, in file order; an extent (consecutive records) is one read.
-        if len(records) and np.all(np.diff(records) == 1):
-            wanted, slot_of = records, None  # one extent (epoch 0): nothing to sort
-        else:
-            wanted, slot_of = np.unique(records, return_inverse=True)
         starts, ends = offsets[wanted], offsets[wanted + 1]
         first_of_extent = np.flatnonzero(np.diff(wanted, prepend=-2) != 1)
         last_of_extent = np.append(first_of_extent[1:], len(wanted)) - 1
-        begins = starts[first_of_extent].tolist()
-        sizes = (ends[last_of_extent] - starts[first_of_extent]).tolist()
-        buffer, file_end = _read_extents(self._source(split, shard), reader.path, begins, sizes)
-        frame_offsets = np.concatenate(([0], np.cumsum(ends - starts)))
-        whole = len(wanted) if file_end is None else int(np.searchsorted(frame_offsets[1:], len(buffer), side="right"))
-        try:
-            data_starts, data_ends = check_frames(
-                buffer, frame_offsets[: whole + 1], path=reader.path, first_index=0, base_offset=0,
-                max_record_bytes=self._entry(split, shard).max_record_bytes, expected_crcs=index.crcs[wanted[:whole]],
-                verify_crc=self._verify_crc)
-        except CorruptRecordError as e:
-            # Name the record and byte offset in the shard, not in the gathered buffer.
-            i = e.record_index
-            raise CorruptRecordError(reader.path, int(wanted[i]), int(starts[i]), e.reason) from e
-        if file_end is not None:
-            # The records before the cut verified; the first one the file does not hold is named with
-            # the file's positions (what 'taskdata verify' says), not the buffer's.
-            raise CorruptRecordError(reader.path, int(wanted[whole]), int(starts[whole]),
-                                     truncation_reason(file_end, int(starts[whole]), int(ends[whole])))
-        if slot_of is None:
-            return buffer, data_starts, data_ends
-        # In the order asked for (a record asked for twice is there once, named twice).
-        return buffer, data_starts[slot_of], data_ends[slot_of]
+        begins = starts[first_of_extent]
+        sizes = ends[last_of_extent] - begins
+        if fs.is_remote(reader.path):
+            assert fetcher is not None
+            reads: PendingRanges | _LocalRanges = fetcher.start(reader.path, begins, sizes, later.get(reader.path))
+        else:
+            reads = _LocalRanges(self._file(split, shard), reader.path, begins.tolist(), sizes.tolist())
+        return _PendingShard(reads, reader.path, wanted, starts, ends, index.crcs[wanted],
+                             self._entry(split, shard).max_record_bytes, self._verify_crc)
 
-    def _source(self, split: str, shard: int) -> _Source:
-        """A raw file descriptor (local: read with ``pread``) or a random-access fsspec file (remote)."""
+    def _file(self, split: str, shard: int) -> int:
+        """A local shard's raw file descriptor, read with ``pread``."""
         key = (split, int(shard))
-        if key not in self._sources:
-            path = self.shard_path(split, shard)
-            if fs.is_remote(path):
-                self._sources[key] = fs.open_file(path, "rb", random_access=True)
-            else:
-                self._sources[key] = os.open(path, os.O_RDONLY)
-        return self._sources[key]
+        if key not in self._files:
+            self._files[key] = os.open(self.shard_path(split, shard), os.O_RDONLY)
+        return self._files[key]
+
+    def _own_fetcher(self) -> RangeFetcher:
+        with self._loading:
+            if self._fetcher is None:
+                self._fetcher = RangeFetcher()
+            return self._fetcher
 
     def decode(self, records: Sequence[bytes], spec: Mapping[str, str] | None = None) -> dict[str, RaggedFeature]:
         """``{feature: RaggedFeature}`` for ``records`` (default spec: the cache's own features)."""
@@ -225,13 +239,13 @@ class CacheReader:
     def close(self) -> None:
         for reader, _ in self._shards.values():
             reader.close()
-        for source in self._sources.values():
-            if isinstance(source, int):
-                os.close(source)
-            else:
-                source.close()
+        for fd in self._files.values():
+            os.close(fd)
+        if self._fetcher is not None:
+            self._fetcher.close()
+            self._fetcher = None
         self._shards.clear()
-        self._sources.clear()
+        self._files.clear()
         self._origins.clear()
 
     def __enter__(self) -> CacheReader:
@@ -246,53 +260,177 @@ class CacheReader:
             raise IndexError(f"Cache of task {self.task!r} split {split!r} has shards [0, {len(shards)}); got {shard!r}.")
         return shards[int(shard)]
 
+    def load_offsets(self, split: str, shards: Iterable[int]) -> None:
+        """Loads the offsets sidecars of ``shards`` not loaded yet, all at once (remote files are fetched
+        concurrently: one round trip), each checked against the manifest."""
+        missing = sorted({int(s) for s in shards if (split, int(s)) not in self._shards})
+        if not missing:
+            return
+        with self._loading:
+            missing = [s for s in missing if (split, s) not in self._shards]
+            entries = [self._entry(split, s) for s in missing]
+            paths = [fs.join(self.version_dir, entry.offsets_file) for entry in entries]
+            for shard, entry, path, data in zip(missing, entries, paths, fs.read_many(paths), strict=True):
+                self._shards[(split, shard)] = self._open_shard(entry, path, data)
+
     def _reader(self, split: str, shard: int) -> tuple[ShardReader, RecordIndex]:
         """(ShardReader, RecordIndex) of one shard, its sidecar checked against the manifest."""
-        key = (split, int(shard))
-        if key not in self._shards:
-            from taskdata.cache.shard_reader import ShardReader
-            from taskdata.cache.tfrecord import read_record_index
+        found = self._shards.get((split, int(shard)))
+        if found is None:
+            self.load_offsets(split, [shard])
+            found = self._shards[(split, int(shard))]
+        return found
 
-            entry = self._entry(split, shard)
-            offsets_path = fs.join(self.version_dir, entry.offsets_file)
-            data = fs.read_bytes(offsets_path)
-            if hashlib.sha256(data).hexdigest() != entry.offsets_sha256:
-                raise CacheFormatError(f"Offsets sidecar {offsets_path} does not match its checksum in the manifest; "
-                                       "run 'taskdata verify' and rebuild the cache.")
-            index = read_record_index(data, offsets_path)
-            if index.count != entry.records or int(index.offsets[-1]) != entry.bytes:
-                raise CacheFormatError(f"Offsets sidecar {offsets_path} describes {index.count} records and "
-                                       f"{int(index.offsets[-1])} bytes but the manifest says {entry.records} and {entry.bytes}.")
-            reader = ShardReader(fs.join(self.version_dir, entry.file), index, entry.max_record_bytes,
-                                 verify_crc=self._verify_crc)
-            self._shards[key] = (reader, index)
-        return self._shards[key]
+    def _open_shard(self, entry: ShardEntry, offsets_path: str, data: bytes | None) -> tuple[ShardReader, RecordIndex]:
+        from taskdata.cache.shard_reader import ShardReader
+        from taskdata.cache.tfrecord import read_record_index
+
+        if data is None:
+            raise CacheFormatError(f"Offsets sidecar {offsets_path} of shard {entry.file} is missing; run 'taskdata "
+                                   "verify' and rebuild the cache.")
+        if hashlib.sha256(data).hexdigest() != entry.offsets_sha256:
+            raise CacheFormatError(f"Offsets sidecar {offsets_path} does not match its checksum in the manifest; "
+                                   "run 'taskdata verify' and rebuild the cache.")
+        index = read_record_index(data, offsets_path)
+        if index.count != entry.records or int(index.offsets[-1]) != entry.bytes:
+            raise CacheFormatError(f"Offsets sidecar {offsets_path} describes {index.count} records and "
+                                   f"{int(index.offsets[-1])} bytes but the manifest says {entry.records} and {entry.bytes}.")
+        reader = ShardReader(fs.join(self.version_dir, entry.file), index, entry.max_record_bytes,
+                             verify_crc=self._verify_crc)
+        return reader, index
 
 
-def _read_extents(source: _Source, path: str, begins: list[int], sizes: list[int]) -> tuple[bytes, int | None]:
-    """The byte ranges ``[begins[i], begins[i] + sizes[i])`` one after another in one buffer, and None;
-    or, where the file ends early, the whole ranges before its end and the file's size.
+class PendingSpans:
+    """The reads ``CacheReader.start_spans`` started; ``result`` waits for them and checks every record."""
+
+    def __init__(self, parts: Sequence[_PendingShard], inverse: np.ndarray | None):
+        self._parts = parts  # per shard, in shard order: its distinct records, increasing
+        self._inverse = inverse  # where each record asked for is among them (None: they are the ones asked for)
+
+    def result(self) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """The records, verified: one buffer, and where record i of the request lies in it."""
+        fetched = [pending.reads.result() for pending in self._parts]
+        if not self._parts:
+            buffer, starts, ends = b"", np.zeros(0, np.int64), np.zeros(0, np.int64)
+        elif len(self._parts) == 1:
+            buffer, starts, ends = self._parts[0].check(*fetched[0])
+        elif any(file_end is not None for _, file_end in fetched):
+            buffer, starts, ends = self._one_by_one(fetched)  # a shard shorter than its sidecar: named by its check
+        else:
+            buffer, starts, ends = self._all_at_once(fetched)
+        if self._inverse is None:
+            return buffer, starts, ends
+        return buffer, starts[self._inverse], ends[self._inverse]
+
+    def _one_by_one(self, fetched: list[tuple[bytes, int | None]]) -> tuple[bytes, np.ndarray, np.ndarray]:
+        buffers, starts, ends = [], [], []
+        offset = 0
+        for pending, (data, file_end) in zip(self._parts, fetched, strict=True):
+            buffer, shard_starts, shard_ends = pending.check(data, file_end)
+            buffers.append(buffer)
+            starts.append(shard_starts + offset)
+            ends.append(shard_ends + offset)
+            offset += len(buffer)
+        return b"".join(buffers), np.concatenate(starts), np.concatenate(ends)
+
+    def _all_at_once(self, fetched: list[tuple[bytes, int | None]]) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """Every shard's frames checked in one pass over one buffer (a step of a windowed or per-record epoch
+        reads a few records of each of many shards: one pass instead of one per shard)."""
+        from taskdata.cache.tfrecord import CorruptRecordError, check_frames
+
+        parts = self._parts
+        buffer = b"".join(data for data, _ in fetched)
+        sizes = [p.frame_sizes for p in parts]
+        frame_offsets = np.concatenate(([0], np.cumsum(np.concatenate(sizes))))
+        counts = np.cumsum([0] + [len(size) for size in sizes])
+        limits = np.concatenate([np.full(len(p.frame_sizes), p.max_record_bytes, np.int64) for p in parts])
+        try:
+            return (buffer, *check_frames(
+                buffer, frame_offsets, path="", first_index=0, base_offset=0, max_record_bytes=limits,
+                expected_crcs=np.concatenate([p.crcs for p in parts]), verify_crc=parts[0].verify_crc))
+        except CorruptRecordError as e:
+            part = int(np.searchsorted(counts, e.record_index, side="right")) - 1
+            raise parts[part].corrupt(e.record_index - int(counts[part]), e.reason) from e
+
+    def cancel(self) -> None:
+        """Drops reads that have not started (the caller stops before asking for the result)."""
+        for pending in self._parts:
+            pending.reads.cancel()
+
+
+class _LocalRanges:
+    """A local shard's ranges, read with ``pread`` when the result is asked for."""
+
+    def __init__(self, fd: int, path: str, begins: list[int], sizes: list[int]):
+        self._fd, self._path, self._begins, self._sizes = fd, path, begins, sizes
+
+    def result(self) -> tuple[bytes, int | None]:
+        return _read_extents(self._fd, self._begins, self._sizes)
+
+    def cancel(self) -> None:
+        pass
+
+
+class _PendingShard:
+    """One shard's part of a ``PendingSpans``: its reads, and what checks their frames."""
+
+    def __init__(self, reads: PendingRanges | _LocalRanges, path: str, wanted: np.ndarray, starts: np.ndarray,
+                 ends: np.ndarray, crcs: np.ndarray, max_record_bytes: int, verify_crc: bool):
+        self.reads = reads
+        self._path, self._wanted, self._starts, self._ends = path, wanted, starts, ends
+        self.crcs, self.max_record_bytes, self.verify_crc = crcs, max_record_bytes, verify_crc
+
+    @property
+    def frame_sizes(self) -> np.ndarray:
+        return self._ends - self._starts
+
+    def corrupt(self, i: int, reason: str) -> Exception:
+        """The error for the ``i``-th record read, named by its record and byte offset in the shard."""
+        from taskdata.cache.tfrecord import CorruptRecordError
+
+        return CorruptRecordError(self._path, int(self._wanted[i]), int(self._starts[i]), reason)
+
+    def check(self, buffer: bytes, file_end: int | None) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """This shard's records checked in ``buffer`` (what its reads gave, and the file's size if it ended early)."""
+        from taskdata.cache.tfrecord import CorruptRecordError, check_frames, truncation_reason
+
+        wanted, starts, ends = self._wanted, self._starts, self._ends
+        frame_offsets = np.concatenate(([0], np.cumsum(ends - starts)))
+        whole = len(wanted) if file_end is None else int(np.searchsorted(frame_offsets[1:], len(buffer), side="right"))
+        try:
+            data_starts, data_ends = check_frames(
+                buffer, frame_offsets[: whole + 1], path=self._path, first_index=0, base_offset=0,
+                max_record_bytes=self.max_record_bytes, expected_crcs=self.crcs[:whole],
+                verify_crc=self.verify_crc)
+        except CorruptRecordError as e:
+            # Name the record and byte offset in the shard, not in the gathered buffer.
+            raise self.corrupt(e.record_index, e.reason) from e
+        if file_end is not None:
+            # The records before the cut verified; the first one the file does not hold is named with
+            # the file's positions (what 'taskdata verify' says), not the buffer's.
+            raise self.corrupt(whole, truncation_reason(file_end, int(starts[whole]), int(ends[whole])))
+        return buffer, data_starts, data_ends
+
+
+def _read_extents(fd: int, begins: list[int], sizes: list[int]) -> tuple[bytes, int | None]:
+    """The byte ranges ``[begins[i], begins[i] + sizes[i])`` of a local file one after another in one buffer,
+    and None; or, where the file ends early, the whole ranges before its end and the file's size.
 
     ``bytes`` (one ``pread`` per range), so that each record's CRC is one C call on a slice of it."""
     parts = []
     for begin, size in zip(begins, sizes, strict=True):
-        data = _read_at(source, begin, size)
+        data = _read_at(fd, begin, size)
         parts.append(data)
         if len(data) < size:
-            return b"".join(parts), os.fstat(source).st_size if isinstance(source, int) else fs.size(path)
+            return b"".join(parts), os.fstat(fd).st_size
     return (parts[0] if len(parts) == 1 else b"".join(parts)), None
 
 
-def _read_at(source: _Source, begin: int, size: int) -> bytes:
+def _read_at(fd: int, begin: int, size: int) -> bytes:
     """Up to ``size`` bytes at ``begin``; fewer only at the end of the file."""
-    if not isinstance(source, int):
-        from taskdata.cache.tfrecord import read_full
-
-        source.seek(begin)
-        return read_full(source, size)
-    data = os.pread(source, size, begin)
+    data = os.pread(fd, size, begin)
     while 0 < len(data) < size:  # a short read is the end of the file only once a read returns nothing
-        more = os.pread(source, size - len(data), begin + len(data))
+        more = os.pread(fd, size - len(data), begin + len(data))
         if not more:
             break
         data += more

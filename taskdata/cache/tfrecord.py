@@ -238,11 +238,12 @@ def check_frames(
     path: str,
     first_index: int,
     base_offset: int,
-    max_record_bytes: int | None,
+    max_record_bytes: int | np.ndarray | None,
     expected_crcs: np.ndarray,
     verify_crc: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Verifies the consecutive frames in ``buffer`` against the sidecar's offsets and CRCs.
+    """Verifies the consecutive frames in ``buffer`` against the sidecar's offsets and CRCs (and the
+    records' lengths against ``max_record_bytes``: one for all, or one per record).
 
     ``frame_offsets`` holds, relative to ``buffer``, the start of each frame and then the end of the
     last one (so ``len(frame_offsets) - 1`` records); ``expected_crcs`` the sidecar's data CRC of each
@@ -316,9 +317,8 @@ def check_frames(
         bad = np.flatnonzero(expected > max_record_bytes)
         if len(bad):
             i = int(bad[0])
-            failures.append(
-                (i, f"record length {int(expected[i])} exceeds the maximum of {max_record_bytes} bytes")
-            )
+            limit = int(np.broadcast_to(max_record_bytes, expected.shape)[i])
+            failures.append((i, f"record length {int(expected[i])} exceeds the maximum of {limit} bytes"))
     if verify_crc:
         bad = np.flatnonzero(_mask_array(data_crcs) != stored)
         if len(bad):

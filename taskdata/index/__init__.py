@@ -25,9 +25,10 @@ from taskdata.index.occurrences import Occurrence, occurrences, reads_before
 from taskdata.index.orders import FEISTEL, EpochOrder, epoch_order
 from taskdata.index.orders.block import BlockOrder
 from taskdata.index.orders.feistel import FeistelOrder
+from taskdata.index.orders.windowed import WindowedOrder
 from taskdata.index.plan import INDEX_MATH_VERSION, RunPlan, SkipRange, TaskCache, data_shard_for_host
 from taskdata.index.progress import RunProgress, TaskProgress, progress
-from taskdata.index.read_bound import reads_bound
+from taskdata.index.read_bound import reads_bound, requests_bound
 from taskdata.index.schedule import BatchSchedule
 from taskdata.index.stages import STAGE_SYNTAX, Stage, StagedMixing, StagedSchedule, parse_stage
 from taskdata.index.step_json import MAX_LOOKAHEAD, StepJson, from_json, to_json
@@ -67,6 +68,7 @@ __all__ = [
     "TaskCache",
     "TaskProgress",
     "TaskReads",
+    "WindowedOrder",
     "assign",
     "data_shard_for_host",
     "epoch_order",
@@ -83,6 +85,7 @@ __all__ = [
     "progress",
     "reads_before",
     "reads_bound",
+    "requests_bound",
     "slice_positions",
     "step_slices",
     "to_json",

@@ -10,6 +10,11 @@ needs at most the sum.
 Every read fetches exactly its records: a host's bytes per step are those of its examples (at most
 ``S`` times the cache's largest record) under either order, which is what the client holds in memory
 for a step.
+
+The windowed order (``taskdata.index.orders.windowed``) takes one record of each of ``width`` blocks per
+step, so its instructions may name a read per example (``reads_bound``). A client that knows
+``read_horizon`` steps ahead reads each block once and keeps its rest (``EpochOrder.records_held``), so
+it makes far fewer requests per step (``requests_bound``, summed from ``EpochOrder.requests_bound``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from fractions import Fraction
 from taskdata.index.errors import PlanError
 from taskdata.index.plan import RunPlan
 
-__all__ = ["reads_bound", "task_positions_bound"]
+__all__ = ["reads_bound", "requests_bound", "task_positions_bound"]
 
 
 def task_positions_bound(plan: RunPlan, slice_size: int) -> tuple[int, ...]:
@@ -49,6 +54,15 @@ def reads_bound(plan: RunPlan, slice_size: int) -> int:
     any epoch (a host slice at any step; skipped steps read nothing)."""
     bounds = task_positions_bound(plan, slice_size)
     total = sum(plan.epoch_order.reads_bound(layout, n) for layout, n in zip(plan.layouts, bounds, strict=True))
+    return min(total, slice_size)
+
+
+def requests_bound(plan: RunPlan, slice_size: int) -> int:
+    """At most this many requests per step serve ``slice_size`` consecutive positions of ``plan``'s stream for
+    a client that knows ``plan.epoch_order.read_horizon`` steps ahead and keeps what it read (past its first
+    step): ``reads_bound``, but for the windowed order the blocks its columns start (``EpochOrder.requests_bound``)."""
+    bounds = task_positions_bound(plan, slice_size)
+    total = sum(plan.epoch_order.requests_bound(layout, n) for layout, n in zip(plan.layouts, bounds, strict=True))
     return min(total, slice_size)
 
 

@@ -22,6 +22,7 @@ from taskdata.runs.store import (
     StoredRun,
     build_run,
     cache_fingerprint,
+    default_epoch_order,
 )
 from taskdata.runs.summary import format_summary, summarize
 
@@ -42,6 +43,7 @@ __all__ = [
     "TaskCacheView",
     "build_run",
     "cache_fingerprint",
+    "default_epoch_order",
     "example_ledger",
     "format_summary",
     "open_views",

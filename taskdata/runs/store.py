@@ -40,7 +40,7 @@ from taskdata.cache.format import (
     load_manifest,
     task_dir,
 )
-from taskdata.index import FEISTEL, BatchSchedule, EpochOrder, PlanError, RunPlan, SkipRange, Stage
+from taskdata.index import BatchSchedule, EpochOrder, PlanError, RunPlan, SkipRange, Stage, WindowedOrder
 from taskdata.names import InvalidNameError, validate_name
 
 if TYPE_CHECKING:  # annotations only: build_run imports the definitions when it runs, as before
@@ -57,6 +57,7 @@ __all__ = [
     "StoredRun",
     "build_run",
     "cache_fingerprint",
+    "default_epoch_order",
 ]
 
 RUNS_DIR = "_runs"
@@ -159,6 +160,17 @@ def cache_fingerprint(version_dir: str) -> str:
     return json.loads(fs.read_bytes(completed_path(version_dir)))["manifest_sha256"]
 
 
+DEFAULT_BLOCK_SIZE = 64
+
+
+def default_epoch_order(schedule: BatchSchedule, stages: Sequence[Stage] = ()) -> WindowedOrder:
+    """The epoch order of new runs: windowed, blocks of ``DEFAULT_BLOCK_SIZE`` records dealt out over a batch
+    as wide as the largest of the run's schedules, so that records read together never share a batch (why
+    it is the default: the README, "Epoch orders"; plans that name no order stay per-record)."""
+    schedules = [schedule] + [stage.schedule for stage in stages if stage.schedule is not None]
+    return WindowedOrder(DEFAULT_BLOCK_SIZE, max(max(s.start, s.end) for s in schedules))
+
+
 def build_run(
     registry: Registry,
     cache_root: str,
@@ -172,12 +184,14 @@ def build_run(
     split: str = "train",
     stages: Sequence[Stage] = (),
     warn: Callable[[str], None] | None = None,
-    epoch_order: EpochOrder = FEISTEL,
+    epoch_order: EpochOrder | None = None,
 ) -> StoredRun:
     """A run over the CURRENT complete cache version of every task of ``mixture`` (a task or mixture).
 
-    A CURRENT version built from another definition of its task than the registry's is refused
-    (``CacheUnavailableError``); ``warn`` hears of a definition that cannot be checked here.
+    ``epoch_order`` defaults to ``default_epoch_order``: the windowed block order, blocks of 64 dealt out
+    over a batch as wide as the run's largest. A CURRENT version built from another definition of its task
+    than the registry's is refused (``CacheUnavailableError``); ``warn`` hears of a definition that cannot
+    be checked here.
     """
     from taskdata.define.mixture import Mixture
     from taskdata.index import TaskCache
@@ -221,7 +235,7 @@ def build_run(
             skip=tuple(skip),
             split=split,
             stages=tuple(stages),
-            epoch_order=epoch_order,
+            epoch_order=default_epoch_order(schedule, stages) if epoch_order is None else epoch_order,
         )
     except PlanError as error:
         raise RunError(str(error)) from None

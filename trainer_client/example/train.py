@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--retry-seconds", type=float, default=300.0, help="how long to retry an unreachable server"
     )
-    source.add_argument("--lookahead", type=int, default=16, help="steps of read instructions per request")
+    source.add_argument("--lookahead", type=int, default=None,
+                        help="steps of read instructions known ahead (default: 16, or what the run's epoch order needs)")
     source.add_argument("--prefetch", type=int, default=4, help="batches read ahead of the train step")
     source.add_argument("--inputs-length", type=int, default=512, help="padded length of 'inputs'")
     source.add_argument("--targets-length", type=int, default=114, help="padded length of 'targets'")
@@ -335,6 +336,7 @@ PROG = "python -m trainer_client.example.train"
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Trains; the exit codes are ``taskdata.exits``' (2 a user error, 3 the server or data failed, 130 Ctrl-C)."""
+    from taskdata.cache.ranges import RangeReadError
     from taskdata.define.registry import UnknownNameError
     from taskdata.exits import run_command
     from trainer_client.assignments import AssignmentError
@@ -346,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         PROG,
         lambda: _main(args),
         usage_errors=(ValueError, OSError, ImportError, UnknownNameError, ResumeError, CheckpointError),
-        data_errors=(AssignmentError,),
+        data_errors=(AssignmentError, RangeReadError),
         debug=args.debug,
     )
 

@@ -4,6 +4,9 @@
   per-record permutation.
 - ``block`` (``BlockOrder``): each epoch is a keyed shuffle of blocks of ``block_size`` contiguous
   records, so a host's reads per step stay bounded.
+- ``windowed`` (``WindowedOrder``, new runs' default): the block order's kind of blocks, each dealt out
+  one record a step at one place of the batch, so a client that reads ahead reads a block once and a
+  batch holds records of many blocks.
 
 Every order is an ``EpochOrder`` (``base``): a plan holds one, and the index chain asks it for each
 (task, epoch)'s permutation and applies them without knowing which order it is. A new order is one
@@ -21,11 +24,12 @@ from taskdata.index.errors import PlanError
 from taskdata.index.orders.base import EpochOrder, EpochPermutation
 from taskdata.index.orders.block import BlockOrder
 from taskdata.index.orders.feistel import FeistelOrder
+from taskdata.index.orders.windowed import WindowedOrder
 
 __all__ = ["FEISTEL", "ORDERS", "EpochOrder", "EpochPermutation", "epoch_order", "epoch_order_from_dict"]
 
 ORDERS: types.MappingProxyType[str, type[EpochOrder]] = types.MappingProxyType(
-    {order.kind: order for order in (FeistelOrder, BlockOrder)}
+    {order.kind: order for order in (FeistelOrder, BlockOrder, WindowedOrder)}
 )
 
 # The order of plans that do not name one (their JSON and fingerprint leave it out).
@@ -48,7 +52,11 @@ def epoch_order(kind: str, **options: Any) -> EpochOrder:
     return cls(**options)
 
 
-_EXAMPLES = {"block": "epoch_order('block', block_size=64), or taskdata plan --epoch-order block --block-size 64"}
+_EXAMPLES = {
+    "block": "epoch_order('block', block_size=64), or taskdata plan --epoch-order block --block-size 64",
+    "windowed": "epoch_order('windowed', block_size=64, width=2048), or taskdata plan --epoch-order windowed "
+    "--block-size 64 --width 2048",
+}
 
 
 def epoch_order_from_dict(data: Any) -> EpochOrder:

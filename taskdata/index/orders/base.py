@@ -9,7 +9,8 @@ has gone. Besides that, an order computes many lookups at once (``apply``, numpy
 ranged reads a stretch of a task's stream can need (``reads_bound``).
 
 A new order is a frozen dataclass subclass in a module of its own, implementing ``make_permutation``,
-``apply``, ``reads_bound`` and ``describe``, and registered in ``taskdata.index.orders.ORDERS``: the chain,
+``apply``, ``reads_bound`` and ``describe`` (and ``read_horizon``, ``records_held`` and ``requests_bound``
+where a client that reads ahead makes fewer requests than the step's reads), and registered in ``taskdata.index.orders.ORDERS``: the chain,
 the plan's JSON and ``taskdata plan --epoch-order`` find it there.
 """
 
@@ -67,6 +68,22 @@ class EpochOrder(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> str:
         """A few words for people: the kind and its options."""
+
+    @property
+    def read_horizon(self) -> int:
+        """Steps a client must know ahead to make the requests ``requests_bound`` counts (0: only its step's)."""
+        return 0
+
+    def records_held(self, positions: int) -> int:
+        """The most records a client reading ``positions`` positions of a task per step holds to read them
+        with the requests ``requests_bound`` counts: by default its step's own."""
+        return positions
+
+    def requests_bound(self, layout: ShardLayout, positions: int) -> int:
+        """The most requests per step (past a client's first) for ``positions`` consecutive positions of a
+        task, for a client that knows ``read_horizon`` steps ahead and keeps what it read: by default
+        ``reads_bound``."""
+        return self.reads_bound(layout, positions)
 
     def permutation(self, seed: int, task: str, epoch: int, size: int) -> EpochPermutation:
         """``make_permutation``, checked, and kept for the most recent (seed, task, epoch, size)."""
