@@ -12,8 +12,8 @@ import time
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def tree_rss(root: int) -> tuple[int, int]:
-    """(sum, max) resident bytes over ``root`` and all its descendants."""
+def process_tree(root: int) -> set[int]:
+    """``root`` and the pids of all its descendants, from /proc."""
     parents: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -28,8 +28,13 @@ def tree_rss(root: int) -> tuple[int, int]:
         children = [c for c, p in parents.items() if p == pid]
         tree.update(children)
         frontier.extend(children)
+    return tree
+
+
+def tree_rss(root: int) -> tuple[int, int]:
+    """(sum, max) resident bytes over ``root`` and all its descendants."""
     sizes = []
-    for pid in tree:
+    for pid in process_tree(root):
         try:
             with open(f"/proc/{pid}/statm") as f:
                 sizes.append(int(f.read().split()[1]) * _PAGE)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._measure import tree_rss
+from bench._measure import process_tree, tree_rss
 from bench._report import write_section
 from bench.bench_scale import corpus_params
 from deploy.dask_cluster import dask_cluster
@@ -45,24 +45,6 @@ from taskdata.tasks import corpus
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 _TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _tree(root: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    tree, frontier = {root}, [root]
-    while frontier:
-        pid = frontier.pop()
-        children = [c for c, p in parents.items() if p == pid]
-        tree.update(children)
-        frontier.extend(children)
-    return tree
 
 
 def _cpu_seconds(pids: set[int]) -> dict[int, float]:
@@ -83,7 +65,7 @@ def run_job(corpus_dir: str, output: str, beam_args: list[str], vocab: str, clus
     env = dict(os.environ, TASKDATA_VOCAB=vocab, PYTHONPATH=os.getcwd())
     command = [sys.executable, "-m", "taskdata", "cache", "--task", "c4_span_corruption", "--c4-dir", corpus_dir,
                "--output", output, "--force", "--", *beam_args]
-    cluster = set().union(*(_tree(p) for p in cluster_roots)) if cluster_roots else set()
+    cluster = set().union(*(process_tree(p) for p in cluster_roots)) if cluster_roots else set()
     cluster_before = _cpu_seconds(cluster)
     children_before = os.times()
     started = time.monotonic()
@@ -185,7 +167,7 @@ def run_dask(corpus_dir: str, output: str, vocab: str, work: str, profiler: bool
         roots = [p.pid for p in cluster.processes]
         with Client(cluster.address, set_as_default=False) as client:
             client.get_task_stream(start=0, stop=0)  # the scheduler records tasks from here on
-            pids = set().union(*(_tree(p) for p in roots))
+            pids = set().union(*(process_tree(p) for p in roots))
             time.sleep(2)
             before = _cpu_seconds(pids)
             time.sleep(10)

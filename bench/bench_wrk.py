@@ -28,7 +28,8 @@ line says both. Request shapes (wrk's Lua, one counter per wrk thread):
 The pod simulator (loopback, 64 connections, model axis 8: 8 hosts per data shard ask the same question):
 every host of a 256-, 1,024- and 4,096-host pod asking for one fresh 16-step window at once (a synchronised
 restart, and hosts in lockstep at every window), and the 4,096-host pod training at 1 and 4 steps/s for 32 s
-with hosts spread over the window (latency counted from when each request was due).
+with hosts spread over the window (latency counted from when each request was due), timed after its hosts'
+restart (their first window, untimed: the burst measures that).
 
 Runs: bench_server.py's r64 and r65536 (3-task mixture, global batch 2048, 8 data shards), and pod512:
 the 65,536-shard caches with 512 data shards (4 examples per data shard per step), what a 4,096-host
@@ -189,13 +190,19 @@ async def _paced(port: int, schedule: list[tuple[float, str]], connections: int)
 
 def paced_pod(port: int, pid: int, data_shards: int, steps_per_second: float, seconds: float, first: int) -> dict:
     """A pod training at ``steps_per_second``: each of its hosts asks for its next 16-step window when
-    it starts the last one, hosts spread evenly over a window (not in lockstep), from step ``first``."""
+    it starts the last one, hosts spread evenly over a window (not in lockstep), from step ``first + 16``
+    (after their untimed restart at ``first``)."""
     hosts = data_shards * MODEL_AXIS
+
+    def path(h: int, w: int) -> str:
+        return f"/shards?host={h // MODEL_AXIS}&step={first + 16 * w}&steps=16&run=pod{data_shards}&encoding=compact"
+
+    # A pod in training: its hosts have asked for the window before the first timed one (their restart, which
+    # burst() measures), untimed.
+    asyncio.run(_paced(port, [(0.0, path(h, 0)) for h in range(hosts)], 64))
     window = 16 / steps_per_second
     schedule = sorted(
-        (w * window + h * window / hosts,
-         f"/shards?host={h // MODEL_AXIS}&step={first + 16 * w}&steps=16&run=pod{data_shards}&encoding=compact")
-        for h in range(hosts) for w in range(int(seconds / window))
+        (w * window + h * window / hosts, path(h, w + 1)) for h in range(hosts) for w in range(int(seconds / window))
     )
     before = cpu_seconds(pid)
     latencies = sorted(asyncio.run(_paced(port, schedule, 64)))

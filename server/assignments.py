@@ -9,7 +9,9 @@ first host of a new step computes the whole step and its other hosts cut their a
 both were asked for once (every request for another step), a new step's first host computes its own
 slice alone, and a second host of that step computes the whole step. (Two steps, not one: requests
 for consecutive steps overlap, and the first of a step may come before the second of the step
-before.) Whole steps are kept in a small LRU.
+before.) Whole steps are kept in a small LRU, and a whole step is computed once: hosts asking for it meanwhile
+wait for it. While hosts share steps, an answered window's next window is computed whole in a background
+thread (``AnswerCache.ahead``), so that a pod's hosts moving on to it find it ready.
 
 Each step's JSON (``taskdata.index.to_json``, written by the step's ``taskdata.index.StepJson``, which does
 what all slices of a step share once) depends only on (run, plan fingerprint, host slice, step,
@@ -24,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -37,6 +41,7 @@ __all__ = ["AnswerCache", "shards_body", "step_json"]
 # Steps remembered (whole ones with their slices, ~100 KB each at 2,048): a lookahead window (<= 64
 # steps) of a few runs.
 _STEPS = 128
+_log = logging.getLogger(__name__)
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode
 
 
@@ -117,6 +122,9 @@ class AnswerCache:
         self._tables: dict[str, RunTables] = {}
         self._steps: OrderedDict[tuple[str, str, int, int], _Step] = OrderedDict()
         self._latest: OrderedDict[tuple[str, str, int], tuple[_Step, ...]] = OrderedDict()
+        # Per (run name, plan fingerprint, slice count), the first step of the last window computed ahead.
+        self._ahead: OrderedDict[tuple[str, str, int], int] = OrderedDict()
+        self._ahead_running = False
         self.hits = 0
         self.misses = 0
 
@@ -184,13 +192,71 @@ class AnswerCache:
         slices, at, entry = self._slices(run, tables, step, index, count)
         if entry is None:
             return StepJson(slices, encoding)[at]
+        return self._writer(entry, slices, encoding)[at]
+
+    def ahead(self, run: str, tables: RunTables, steps: range, count: int, encoding: ColumnEncoding) -> None:
+        """Computes ``steps`` whole (cut into ``count`` slices) and their JSON's shared part in a background
+        thread, when ``run``'s hosts share steps: a pod's next lookahead window is ready before its hosts ask
+        for it, instead of its first host computing it while the others wait. Once per window; one such
+        thread per cache at a time (a call while it runs does nothing)."""
+        fingerprint = tables.plan.fingerprint()
+        run_key = (run, fingerprint, count)
+        with self._lock:
+            shared = count == 1 or any(other.asked > 1 for other in self._latest.get(run_key, ()))
+            if not shared or self._ahead_running or self._ahead.get(run_key, -1) >= steps.start:
+                return
+            self._ahead[run_key] = steps.start
+            self._ahead.move_to_end(run_key)
+            while len(self._ahead) > _STEPS:
+                self._ahead.popitem(last=False)
+            self._ahead_running = True
+
+        def compute() -> None:
+            try:
+                for step in steps:
+                    entry = self._entry((run, fingerprint, step, count))
+                    self._writer(entry, self._whole(entry, tables, step, count), encoding)
+                    time.sleep(0.001)  # lets requests waiting for the interpreter in between steps
+            except Exception:  # a request for such a step computes it again and answers its error
+                _log.debug("computing steps %s of run %r ahead failed", steps, run, exc_info=True)
+            finally:
+                with self._lock:
+                    self._ahead_running = False
+
+        threading.Thread(target=compute, name="taskdata-steps-ahead", daemon=True).start()
+
+    def _entry(self, key: tuple[str, str, int, int]) -> _Step:
+        """The step's entry, made if new (not an ask: neither counted nor one of the run's latest steps)."""
+        with self._lock:
+            entry = self._steps.get(key)
+            if entry is None:
+                entry = self._steps[key] = _Step()
+                self._forget_oldest()
+            return entry
+
+    def _forget_oldest(self) -> None:
+        for memory in (self._steps, self._latest):
+            while len(memory) > _STEPS:
+                memory.popitem(last=False)
+
+    @staticmethod
+    def _whole(entry: _Step, tables: RunTables, step: int, count: int) -> StepSlices:
+        """The entry's whole step, computed by the first thread that needs it while the others wait."""
+        with entry.computing:
+            if entry.slices is None:
+                # An entry pushed out of the LRU meanwhile is dropped with what it holds: the bound stands.
+                entry.slices = step_slices(tables, step, count)
+            return entry.slices
+
+    @staticmethod
+    def _writer(entry: _Step, slices: StepSlices, encoding: ColumnEncoding) -> StepJson:
         writer = entry.json.get(encoding)
         if writer is None:
             with entry.computing:  # made once, like the step
                 writer = entry.json.get(encoding)
                 if writer is None:
                     writer = entry.json[encoding] = StepJson(slices, encoding)
-        return writer[at]
+        return writer
 
     def _slices(
         self, run: str, tables: RunTables, step: int, index: int, count: int
@@ -207,9 +273,7 @@ class AnswerCache:
                 entry = self._steps[key] = _Step()
                 self._latest[run_key] = (entry, *latest[:1])
                 self._latest.move_to_end(run_key)
-                for memory in (self._steps, self._latest):
-                    while len(memory) > _STEPS:
-                        memory.popitem(last=False)
+                self._forget_oldest()
             else:
                 whole = True
                 self._steps.move_to_end(key)
@@ -218,11 +282,7 @@ class AnswerCache:
         if slices is None:
             if not whole:
                 return step_slices(tables, step, count, only=index), 0, None
-            with entry.computing:
-                slices = entry.slices
-                if slices is None:
-                    # An entry pushed out of the LRU meanwhile is dropped with what it holds: the bound stands.
-                    slices = entry.slices = step_slices(tables, step, count)
+            slices = self._whole(entry, tables, step, count)
         return slices, index, entry
 
     def clear_step_slices(self) -> None:
@@ -230,3 +290,4 @@ class AnswerCache:
         with self._lock:
             self._steps.clear()
             self._latest.clear()
+            self._ahead.clear()

@@ -893,6 +893,42 @@ def test_hosts_arriving_while_a_step_is_computed_wait_for_it_instead_of_computin
     assert all(bodies[h] == to_json(step_slices(tables, 4, 4, only=h % 4)[0], "base64") for h in range(8))
 
 
+def test_the_next_window_of_hosts_that_share_steps_is_computed_ahead_once(env, tables, monkeypatch):
+    calls = counting(monkeypatch)
+    cache = AnswerCache(0)
+
+    def ready(steps):
+        deadline = time.monotonic() + 30
+        while not all(cache.kept("mix", tables, s, 4) for s in steps):
+            assert time.monotonic() < deadline, f"steps {steps} not computed ahead"
+            time.sleep(0.01)
+
+    cache.ahead("mix", tables, range(2, 4), 4, "compact")  # nothing known of the run's hosts: nothing ahead
+    step_json(cache, "mix", tables, 1, 0, 4, "compact")
+    step_json(cache, "mix", tables, 1, 1, 4, "compact")  # hosts share step 1 (its second host computes it whole)
+    time.sleep(0.2)
+    assert calls == {"alone": 1, "whole": 1} and not cache.kept("mix", tables, 2, 4)
+    cache.ahead("mix", tables, range(2, 4), 4, "compact")
+    ready(range(2, 4))
+    assert calls == {"alone": 1, "whole": 3}
+    cache.ahead("mix", tables, range(2, 4), 4, "compact")  # a window is computed ahead once
+    for host in range(4):  # its hosts cut their answers from it, and the JSON's shared part is there already
+        for step in (2, 3):
+            assert step_json(cache, "mix", tables, step, host, 4, "compact") == to_json(
+                step_slices(tables, step, 4, only=host)[0], "compact")
+    assert calls == {"alone": 1, "whole": 3}
+    # Through the route: hosts of a window asked for, the next window is computed ahead.
+    app = make_app(env)
+    with TestClient(app) as client:
+        for host in (0, 1):
+            assert client.get(f"/shards?host={host}&step=40&steps=3").status_code == 200
+        answers = app.state.server.answers
+        deadline = time.monotonic() + 30
+        while not all(answers.kept("mix", tables, s, 4) for s in range(43, 46)):
+            assert time.monotonic() < deadline, "the route's next window was not computed ahead"
+            time.sleep(0.01)
+
+
 def test_the_step_caches_are_bounded(tables):
     cache = AnswerCache(5)
     for step in range(3 * assignments._STEPS):

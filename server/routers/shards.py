@@ -107,6 +107,11 @@ async def _answer(state: ServerState, **query: Any) -> bytes:
         await anyio.to_thread.run_sync(steps_to_do.compute)
     else:
         steps_to_do.compute()
+    # A trainer's lookahead window: its next one is computed ahead (one step alone is as quick to compute on
+    # demand as to hand to a thread).
+    following = range(asked.step + asked.steps, asked.step + 2 * asked.steps)
+    if asked.steps > 1 and following[-1] <= MAX_STEP:
+        state.answers.ahead(asked.stored.name, steps_to_do.tables, following, asked.slice_count, asked.encoding)
     return steps_to_do.body()
 
 
