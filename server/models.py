@@ -320,6 +320,17 @@ class TaskCacheModel(_Model):
     shard_record_counts: list[Count]
 
 
+class EpochOrderModel(_Model):
+    """``EpochOrder.to_dict()``: how a task's epochs after the first order its records
+    (``taskdata.index.orders``); the options present are those of its kind."""
+
+    kind: str = Field(description="A registered epoch order: 'feistel' (per record), 'block' or 'windowed'.")
+    block_size: Annotated[int, Field(ge=1)] | None = Field(None, description="Records per block ('block', 'windowed').")
+    width: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="How wide a batch each block is dealt out over, one record a step ('windowed')."
+    )
+
+
 class PlanModel(_Model):
     """``RunPlan.to_dict()``."""
 
@@ -334,6 +345,9 @@ class PlanModel(_Model):
     split: str = Field(description="The cache split every task is read from (part of the fingerprint).")
     stages: list[StageModel] = Field(
         [], description="Stages after stage 0 (rates and schedule above), by start step; absent when none."
+    )
+    epoch_order: EpochOrderModel | None = Field(
+        None, description="The order of every epoch after the first; absent for the per-record order."
     )
 
 
