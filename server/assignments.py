@@ -207,8 +207,7 @@ class AnswerCache:
                 return
             self._ahead[run_key] = steps.start
             self._ahead.move_to_end(run_key)
-            while len(self._ahead) > _STEPS:
-                self._ahead.popitem(last=False)
+            self._forget_oldest()
             self._ahead_running = True
 
         def compute() -> None:
@@ -235,7 +234,8 @@ class AnswerCache:
             return entry
 
     def _forget_oldest(self) -> None:
-        for memory in (self._steps, self._latest):
+        memories: tuple[OrderedDict, ...] = (self._steps, self._latest, self._ahead)
+        for memory in memories:
             while len(memory) > _STEPS:
                 memory.popitem(last=False)
 
