@@ -23,7 +23,9 @@ Stages, each printed with its duration; a failure raises ``DrillError`` naming t
   train-preempted  four trainer processes (jax.distributed on 127.0.0.1) train from the server; one is
                    SIGKILLed once step ``kill_at_step`` is logged; every other one must exit on its own
                    within 60 s, non-zero, saying which process stopped and how to resume (when the
-                   killed one is process 0, JAX aborts them itself, with its own message).
+                   killed one is process 0, JAX aborts them itself, with its own message; a survivor that
+                   gloo aborts on a collective mismatch, SIGABRT before its Python code runs, is named in
+                   the report, and at least one other survivor must still say it).
   train-resumed    two trainer processes resume from the last checkpoint to the end and write validation
                    predictions to gs://BUCKET/predictions/; the combined batch log (last write per step
                    wins, as in the client's tests) must equal the reference's, step for step.
@@ -621,15 +623,29 @@ class _Drill:
                 f"killed (exit codes {codes}): a lost peer must make every other process exit on its own."
             )
         checkpoints = committed_steps(os.path.join(out, "ckpt"))
+        told: list[int] = []
+        aborted_by_gloo: list[int] = []
         for i in exits:
             text = _tail(self.processes.log_path(f"train-preempted.{i}"), 1 << 20)
             said = f"process {c.kill_process} of {HOSTS} stopped" in text and "To resume, start every process" in text
+            # gloo checks each message against the collective it expects and calls std::terminate on a mismatch
+            # (a peer killed mid-collective can leave the survivors in different ones): SIGABRT within
+            # milliseconds, before any Python code of the survivor runs. The others must still say it.
+            if codes[i] == -signal.SIGABRT and "gloo::EnforceNotMet" in text:
+                aborted_by_gloo.append(i)
+                continue
             # Process 0 hosts JAX's coordination service: when it dies, JAX aborts the others at once.
             if codes[i] == 0 or (c.kill_process != 0 and not said):
                 raise RuntimeError(
                     f"trainer {i} exited {codes[i]} after process {c.kill_process} was killed, without saying which "
                     f"process stopped and how to resume:\n{text[-2000:]}"
                 )
+            told.append(i)
+        if c.kill_process != 0 and not told:
+            raise RuntimeError(
+                f"after process {c.kill_process} was killed, gloo aborted every other trainer ({aborted_by_gloo}): "
+                f"none said which process stopped and how to resume."
+            )
         if not checkpoints or checkpoints[-1] >= c.steps:
             raise RuntimeError(
                 f"after the kill at step {last_logged} the checkpoints are {checkpoints}: the kill must come after "
@@ -641,6 +657,7 @@ class _Drill:
             "last_logged_step": last_logged,
             "exit_codes": codes,
             "exit_seconds": exits,
+            "aborted_by_gloo": aborted_by_gloo,
             "checkpoint": checkpoints[-1],
         }
         return (

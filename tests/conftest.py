@@ -140,3 +140,13 @@ def c4_folder(tmp_path_factory):
             for doc in chosen:
                 out.write(json.dumps({"text": doc, "timestamp": "2019-04-25T00:00:00Z", "url": "https://x.org"}) + "\n")
     return folder
+
+
+# Once the report is written, nothing may keep the suite's process alive (a thread not marked daemon, a child
+# process that never exits): CI would wait for it until its own time limit, saying nothing. faulthandler's
+# watchdog (a native thread, alive through the interpreter's shutdown) gives the process
+# TASKDATA_TEST_EXIT_GRACE_SECONDS (300) to exit, then prints every thread's stack and ends it with exit code 1.
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import faulthandler
+
+    faulthandler.dump_traceback_later(float(os.environ.get("TASKDATA_TEST_EXIT_GRACE_SECONDS", "300")), exit=True)

@@ -87,6 +87,9 @@ __all__ = [
 RUN = "drill_stages"
 BUCKET = "taskdata-drill"
 _WINNER = re.compile(r"another writer appended stage\(s\) starting at step ([0-9, ]+) \(run fingerprint")
+# Spawned, not forked: the caller (pytest, say) may run JAX's or gcsfs's threads, and a child forked while one
+# of them holds a lock deadlocks (one did in CI, in its first store call).
+_PROCESSES = multiprocessing.get_context("spawn")
 
 
 def synthetic_run(name: str = RUN, num_data_shards: int = 8) -> StoredRun:
@@ -169,9 +172,9 @@ def _root(kind: str) -> Iterator[tuple[str, dict[str, str]]]:
 
 
 def run_with_environment(env: dict[str, str], function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` (a module-level function, its result picklable) run in a forked process with
+    """``function(*args)`` (a module-level function, its result picklable) run in a new process with
     ``env`` added to its environment: how this process talks to an emulator without changing its own."""
-    context = multiprocessing.get_context("fork")
+    context = _PROCESSES
     with context.Pool(1) as pool:
         return pool.apply(_with_env, (env, function, *args))
 
@@ -189,7 +192,7 @@ def stage_appends(kind: str = "local", processes: int = 8, rounds: int = 200) ->
     started = time.monotonic()
     with _root(kind) as (root, env):
         run_with_environment(env, _create, root, synthetic_run().to_dict())
-        context = multiprocessing.get_context("fork")
+        context = _PROCESSES
         barrier = context.Barrier(processes)
         results = context.Queue()
         stop = context.Event()
@@ -382,7 +385,7 @@ def http_stage_appends(processes: int = 8, rounds: int = 200, replicas: int | Re
         created = httpx.post(f"{urls[0]}/runs", json=_create_body(RUN, 0), headers=auth, timeout=120)
         if created.status_code != 201:
             raise RuntimeError(f"POST /runs: {created.status_code} {created.text}")
-        context = multiprocessing.get_context("fork")
+        context = _PROCESSES
         barrier = context.Barrier(processes)
         results = context.Queue()
         writers = [context.Process(target=_http_rounds, args=(urls, token, p, rounds, barrier, results))
@@ -477,7 +480,7 @@ def http_creates(processes: int = 8, rounds: int = 200, replicas: int | Replicas
     ``http_stage_appends``), ``rounds`` names."""
     started = time.monotonic()
     with _serving(replicas) as (urls, token, root):
-        context = multiprocessing.get_context("fork")
+        context = _PROCESSES
         barrier = context.Barrier(processes)
         results = context.Queue()
         writers = [context.Process(target=_http_creates, args=(urls, token, p, rounds, barrier, results))
