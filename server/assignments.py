@@ -122,8 +122,6 @@ class AnswerCache:
         self._tables: dict[str, RunTables] = {}
         self._steps: OrderedDict[tuple[str, str, int, int], _Step] = OrderedDict()
         self._latest: OrderedDict[tuple[str, str, int], tuple[_Step, ...]] = OrderedDict()
-        # Per (run name, plan fingerprint, slice count), the first step of the last window computed ahead.
-        self._ahead: OrderedDict[tuple[str, str, int], int] = OrderedDict()
         self._ahead_running = False
         self.hits = 0
         self.misses = 0
@@ -175,8 +173,7 @@ class AnswerCache:
         """Whether ``step`` is kept whole (cut into ``count`` slices): a slice of it needs no index math, only
         its JSON. (Not a use: the LRU order stays.)"""
         with self._lock:
-            entry = self._steps.get((run, tables.plan.fingerprint(), step, count))
-        return entry is not None and entry.slices is not None
+            return self._kept_whole((run, tables.plan.fingerprint(), step, count))
 
     def step_reads(self, run: str, tables: RunTables, step: int, index: int, count: int) -> StepReads:
         """Slice ``index`` of ``count`` at ``step``: cut from the whole step, or computed alone when the
@@ -197,17 +194,15 @@ class AnswerCache:
     def ahead(self, run: str, tables: RunTables, steps: range, count: int, encoding: ColumnEncoding) -> None:
         """Computes ``steps`` whole (cut into ``count`` slices) and their JSON's shared part in a background
         thread, when ``run``'s hosts share steps: a pod's next lookahead window is ready before its hosts ask
-        for it, instead of its first host computing it while the others wait. Once per window; one such
-        thread per cache at a time (a call while it runs does nothing)."""
+        for it, instead of its first host computing it while the others wait. Only while a step of the window
+        is not kept whole (whatever windows came before: a pod resumed at an earlier checkpoint asks for
+        lower steps again); one such thread per cache at a time (a call while it runs does nothing)."""
         fingerprint = tables.plan.fingerprint()
         run_key = (run, fingerprint, count)
         with self._lock:
             shared = count == 1 or any(other.asked > 1 for other in self._latest.get(run_key, ()))
-            if not shared or self._ahead_running or self._ahead.get(run_key, -1) >= steps.start:
+            if not shared or self._ahead_running or all(self._kept_whole((run, fingerprint, s, count)) for s in steps):
                 return
-            self._ahead[run_key] = steps.start
-            self._ahead.move_to_end(run_key)
-            self._forget_oldest()
             self._ahead_running = True
 
         def compute() -> None:
@@ -224,6 +219,10 @@ class AnswerCache:
 
         threading.Thread(target=compute, name="taskdata-steps-ahead", daemon=True).start()
 
+    def _kept_whole(self, key: tuple[str, str, int, int]) -> bool:
+        entry = self._steps.get(key)
+        return entry is not None and entry.slices is not None
+
     def _entry(self, key: tuple[str, str, int, int]) -> _Step:
         """The step's entry, made if new (not an ask: neither counted nor one of the run's latest steps)."""
         with self._lock:
@@ -234,7 +233,7 @@ class AnswerCache:
             return entry
 
     def _forget_oldest(self) -> None:
-        memories: tuple[OrderedDict, ...] = (self._steps, self._latest, self._ahead)
+        memories: tuple[OrderedDict, ...] = (self._steps, self._latest)
         for memory in memories:
             while len(memory) > _STEPS:
                 memory.popitem(last=False)
@@ -290,4 +289,3 @@ class AnswerCache:
         with self._lock:
             self._steps.clear()
             self._latest.clear()
-            self._ahead.clear()
