@@ -52,7 +52,7 @@ class ReversedOrder(EpochOrder):
     def make_permutation(self, seed: int, task: str, epoch: int, size: int) -> Reversed:
         return Reversed(size, epoch * self.stride)
 
-    def apply(self, permutations, which, indices):
+    def apply_vectorised(self, permutations, which, indices):
         sizes = np.array([p.size for p in permutations], np.int64)[which]
         epochs = np.array([p.epoch for p in permutations], np.int64)[which]
         return (sizes - 1 - indices + epochs) % sizes

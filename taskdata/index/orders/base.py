@@ -9,7 +9,7 @@ has gone. Besides that, an order computes many lookups at once (``apply``, numpy
 ranged reads a stretch of a task's stream can need (``reads_bound``).
 
 A new order is a frozen dataclass subclass in a module of its own, implementing ``make_permutation``,
-``apply``, ``reads_bound`` and ``describe`` (and ``read_horizon``, ``records_held`` and ``requests_bound``
+``apply_vectorised``, ``reads_bound`` and ``describe`` (and ``read_horizon``, ``records_held`` and ``requests_bound``
 where a client that reads ahead makes fewer requests than the step's reads), and registered in ``taskdata.index.orders.ORDERS``: the chain,
 the plan's JSON and ``taskdata plan --epoch-order`` find it there.
 """
@@ -27,7 +27,7 @@ import numpy as np
 from taskdata.index.errors import PlanError
 from taskdata.index.layout import ShardLayout
 
-__all__ = ["EpochOrder", "EpochPermutation", "check_index", "check_key", "check_size"]
+__all__ = ["EpochOrder", "EpochPermutation", "check_index", "check_key", "check_option", "check_size"]
 
 
 class EpochPermutation(Protocol):
@@ -54,11 +54,24 @@ class EpochOrder(abc.ABC):
         """The order of ``task``'s ``size`` records in ``epoch`` (>= 1) of a run with ``seed``, keyed by
         ``taskdata.seeding.derive_seed`` with a tag of the order's own."""
 
-    @abc.abstractmethod
+    # Permutations of this size or more are applied one by one, in Python's exact integers: an order whose
+    # vectorised int64 math would overflow for them says so here.
+    vectorised_below: ClassVar[int] = 2**64
+
     def apply(self, permutations: Sequence[Any], which: np.ndarray, indices: np.ndarray) -> np.ndarray:
         """``permutations[which[j]](indices[j])`` for every ``j``, as an int64 array: made by this order,
         sizes below 2**63, and indices in range, none of which is checked (``permute_many`` checks). The
         index chain calls this; its indices are in range by construction."""
+        if not indices.size:
+            return np.empty(0, np.int64)
+        if max(p.size for p in permutations) >= self.vectorised_below:
+            pairs = zip(which.tolist(), indices.tolist(), strict=True)
+            return np.array([permutations[w](i) for w, i in pairs], np.int64)
+        return self.apply_vectorised(permutations, which, indices)
+
+    @abc.abstractmethod
+    def apply_vectorised(self, permutations: Sequence[Any], which: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        """``apply`` in numpy, for at least one index and sizes below ``vectorised_below``."""
 
     @abc.abstractmethod
     def reads_bound(self, layout: ShardLayout, positions: int) -> int:
@@ -155,6 +168,12 @@ class EpochOrder(abc.ABC):
         """The plan's JSON of this order: its kind and its options."""
         assert dataclasses.is_dataclass(self)
         return {"kind": self.kind, **dataclasses.asdict(self)}
+
+
+def check_option(value: object, needs: str, hint: str = "") -> None:
+    """An order's option that must be a positive integer; ``needs`` says what it is, ``hint`` what to choose."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"{needs} that is a positive integer but got {value!r}." + (f" {hint}" if hint else ""))
 
 
 def check_size(value: object, what: str) -> None:

@@ -38,9 +38,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from taskdata.index.errors import PlanError
 from taskdata.index.layout import ShardLayout
-from taskdata.index.orders.base import EpochOrder, check_index, check_key, check_size
+from taskdata.index.orders.base import EpochOrder, check_index, check_key, check_option, check_size
 from taskdata.index.orders.feistel import FeistelOrder, FeistelPermutation
 from taskdata.seeding import derive_seed
 from taskdata.splitmix64 import mix64
@@ -105,26 +104,20 @@ class BlockOrder(EpochOrder):
     kind: ClassVar[str] = "block"
     block_size: int
 
+    vectorised_below: ClassVar[int] = 2**62  # (rotated + offset) below 2 * size
+
     def __post_init__(self) -> None:
-        size = self.block_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise PlanError(
-                f"A block epoch order needs a block size (records per block) that is a positive integer but "
-                f"got {size!r}. 64 keeps a host of 256 examples at a handful of reads per step."
-            )
+        check_option(self.block_size, "A block epoch order needs a block size (records per block)",
+                     "64 keeps a host of 256 examples at a handful of reads per step.")
 
     def make_permutation(self, seed: int, task: str, epoch: int, size: int) -> BlockPermutation:
         # Its own tag: the block order's keys are not the per-record order's ("epoch_order").
         return BlockPermutation(size=size, block_size=self.block_size, key=derive_seed(seed, "block_order", task, epoch))
 
-    def apply(self, permutations: Sequence[BlockPermutation], which: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        """The blocks of all permutations go through one ``FeistelOrder.apply``; sizes of 2**62 or more go
-        one by one (the permutation itself is exact for any size)."""
-        if not indices.size:
-            return np.empty(0, np.int64)
-        if max(p.size for p in permutations) >= 2**62:
-            pairs = zip(which.tolist(), indices.tolist(), strict=True)
-            return np.array([permutations[w](i) for w, i in pairs], np.int64)
+    def apply_vectorised(
+        self, permutations: Sequence[BlockPermutation], which: np.ndarray, indices: np.ndarray
+    ) -> np.ndarray:
+        """The blocks of all permutations go through one ``FeistelOrder.apply``."""
         sizes = np.array([p.size for p in permutations], np.int64)[which]
         block_sizes = np.array([p.block_size for p in permutations], np.int64)[which]
         full = np.array([p.full_blocks for p in permutations], np.int64)[which]

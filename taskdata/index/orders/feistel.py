@@ -148,12 +148,12 @@ class FeistelOrder(EpochOrder):
         # The "epoch_order" tag keeps these keys apart from any other use of (seed, task, int).
         return FeistelPermutation(size=size, key=derive_seed(seed, "epoch_order", task, epoch))
 
-    def apply(self, permutations: Sequence[FeistelPermutation], which: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    def apply_vectorised(
+        self, permutations: Sequence[FeistelPermutation], which: np.ndarray, indices: np.ndarray
+    ) -> np.ndarray:
         """Where every permutation's halves have at most ``_TABLE_BITS`` bits (sizes up to 2**24) and their
         tables side by side stay small, a round is one lookup in a table of its round function
         (``_round_tables``) instead of the mixer's nine numpy calls (``_mixer_many``)."""
-        if not indices.size:
-            return np.empty(0, np.int64)
         bits = max(p._bits for p in permutations)
         width = 1 << (bits + 1) // 2
         if bits > 2 * _TABLE_BITS or len(permutations) * width > _SIDE_BY_SIDE:

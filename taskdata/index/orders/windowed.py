@@ -37,9 +37,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from taskdata.index.errors import PlanError
 from taskdata.index.layout import ShardLayout
-from taskdata.index.orders.base import EpochOrder, check_index, check_key, check_size
+from taskdata.index.orders.base import EpochOrder, check_index, check_key, check_option, check_size
 from taskdata.index.orders.block import BlockOrder, BlockPermutation, extents_per_block
 from taskdata.seeding import derive_seed
 
@@ -101,33 +100,23 @@ class WindowedOrder(EpochOrder):
     block_size: int
     width: int
 
+    vectorised_below: ClassVar[int] = 2**62  # as the block order's
+
     def __post_init__(self) -> None:
-        size = self.block_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise PlanError(
-                f"A windowed epoch order needs a block size (records per block) that is a positive integer but "
-                f"got {size!r}. 64 keeps a host of 256 examples at a handful of requests per step."
-            )
-        width = self.width
-        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-            raise PlanError(
-                f"A windowed epoch order needs a width (a task's examples per global step: the global batch size "
-                f"of a run of one task) that is a positive integer but got {width!r}."
-            )
+        check_option(self.block_size, "A windowed epoch order needs a block size (records per block)",
+                     "64 keeps a host of 256 examples at a handful of requests per step.")
+        check_option(self.width, "A windowed epoch order needs a width (a task's examples per global step: the "
+                     "global batch size of a run of one task)")
 
     def make_permutation(self, seed: int, task: str, epoch: int, size: int) -> WindowedPermutation:
         # Its own tag: its block order's keys are not the block order's ("block_order").
         key = derive_seed(seed, "windowed_order", task, epoch)
         return WindowedPermutation(size=size, block_size=self.block_size, width=self.width, key=key)
 
-    def apply(self, permutations: Sequence[WindowedPermutation], which: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        """Each index's place in its block order, vectorised, then one ``BlockOrder.apply`` for all; sizes of
-        2**62 or more go one by one (the permutation itself is exact for any size)."""
-        if not indices.size:
-            return np.empty(0, np.int64)
-        if max(p.size for p in permutations) >= 2**62:
-            pairs = zip(which.tolist(), indices.tolist(), strict=True)
-            return np.array([permutations[w](i) for w, i in pairs], np.int64)
+    def apply_vectorised(
+        self, permutations: Sequence[WindowedPermutation], which: np.ndarray, indices: np.ndarray
+    ) -> np.ndarray:
+        """Each index's place in its block order, vectorised, then one ``BlockOrder.apply`` for all."""
         sizes = np.array([p.size for p in permutations], np.int64)[which]
         widths = np.array([p.width for p in permutations], np.int64)[which]
         block_sizes = np.array([p.block_size for p in permutations], np.int64)[which]
