@@ -393,7 +393,9 @@ def test_uncopied_batches_equal_the_copied_ones_through_a_ramp_and_a_restore(roo
                 it.restore(DataState(20, plan.fingerprint_before(20)))
                 kept, restored = kept[:20], True
             if not it.workers_serving:
-                time.sleep(0.05)
+                # Gives the restored iterator's new workers time to start (seconds on a loaded 2-core machine)
+                # before the 28 steps after the restore are all read in-process.
+                time.sleep(0.25)
         assert it.workers_serving
     assert same(kept, plain)
 
