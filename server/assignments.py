@@ -233,8 +233,7 @@ class AnswerCache:
             return entry
 
     def _forget_oldest(self) -> None:
-        memories: tuple[OrderedDict, ...] = (self._steps, self._latest)
-        for memory in memories:
+        for memory in (self._steps, self._latest):
             while len(memory) > _STEPS:
                 memory.popitem(last=False)
 

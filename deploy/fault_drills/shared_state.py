@@ -174,8 +174,7 @@ def _root(kind: str) -> Iterator[tuple[str, dict[str, str]]]:
 def run_with_environment(env: dict[str, str], function: Callable[..., Any], *args: Any) -> Any:
     """``function(*args)`` (a module-level function, its result picklable) run in a new process with
     ``env`` added to its environment: how this process talks to an emulator without changing its own."""
-    context = _PROCESSES
-    with context.Pool(1) as pool:
+    with _PROCESSES.Pool(1) as pool:
         return pool.apply(_with_env, (env, function, *args))
 
 
@@ -192,12 +191,11 @@ def stage_appends(kind: str = "local", processes: int = 8, rounds: int = 200) ->
     started = time.monotonic()
     with _root(kind) as (root, env):
         run_with_environment(env, _create, root, synthetic_run().to_dict())
-        context = _PROCESSES
-        barrier = context.Barrier(processes)
-        results = context.Queue()
-        stop = context.Event()
-        watcher = context.Process(target=_with_env, args=(env, _watch, root, RUN, stop, results))
-        writers = [context.Process(target=_with_env, args=(env, _append_rounds, root, p, rounds, barrier, results))
+        barrier = _PROCESSES.Barrier(processes)
+        results = _PROCESSES.Queue()
+        stop = _PROCESSES.Event()
+        watcher = _PROCESSES.Process(target=_with_env, args=(env, _watch, root, RUN, stop, results))
+        writers = [_PROCESSES.Process(target=_with_env, args=(env, _append_rounds, root, p, rounds, barrier, results))
                    for p in range(processes)]
         for process in [watcher, *writers]:
             process.start()
@@ -385,10 +383,9 @@ def http_stage_appends(processes: int = 8, rounds: int = 200, replicas: int | Re
         created = httpx.post(f"{urls[0]}/runs", json=_create_body(RUN, 0), headers=auth, timeout=120)
         if created.status_code != 201:
             raise RuntimeError(f"POST /runs: {created.status_code} {created.text}")
-        context = _PROCESSES
-        barrier = context.Barrier(processes)
-        results = context.Queue()
-        writers = [context.Process(target=_http_rounds, args=(urls, token, p, rounds, barrier, results))
+        barrier = _PROCESSES.Barrier(processes)
+        results = _PROCESSES.Queue()
+        writers = [_PROCESSES.Process(target=_http_rounds, args=(urls, token, p, rounds, barrier, results))
                    for p in range(processes)]
         for process in writers:
             process.start()
@@ -480,10 +477,9 @@ def http_creates(processes: int = 8, rounds: int = 200, replicas: int | Replicas
     ``http_stage_appends``), ``rounds`` names."""
     started = time.monotonic()
     with _serving(replicas) as (urls, token, root):
-        context = _PROCESSES
-        barrier = context.Barrier(processes)
-        results = context.Queue()
-        writers = [context.Process(target=_http_creates, args=(urls, token, p, rounds, barrier, results))
+        barrier = _PROCESSES.Barrier(processes)
+        results = _PROCESSES.Queue()
+        writers = [_PROCESSES.Process(target=_http_creates, args=(urls, token, p, rounds, barrier, results))
                    for p in range(processes)]
         for process in writers:
             process.start()
