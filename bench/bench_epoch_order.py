@@ -301,6 +301,8 @@ def main() -> None:
     parser.add_argument("--gcs-block-size", type=int, default=64)
     parser.add_argument("--gcs-warmup", type=int, default=8, help="steps read before the timed ones")
     parser.add_argument("--gcs-steps", type=int, default=48, help="timed steps per order and epoch")
+    parser.add_argument("--gcs-repeats", type=int, default=5,
+                        help="reads per order, epoch and place (store, local disk); each row gives their median")
     args = parser.parse_args()
     lines, distances = measure()
     plot(distances)
@@ -312,7 +314,7 @@ def main() -> None:
         orders = [("feistel", FEISTEL), (f"block K={k}", BlockOrder(k)),
                   (f"windowed K={k}", WindowedOrder(k, width))]
         lines += measure_gcs(args.delay_ms, args.gcs_hosts, args.gcs_host_batch, orders, args.gcs_warmup,
-                             args.gcs_steps)
+                             args.gcs_steps, args.gcs_repeats)
     for line in lines:
         print(line)
     if args.write:

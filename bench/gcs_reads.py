@@ -152,9 +152,16 @@ def _cost(gets: float) -> str:
     return f"${gets * CLASS_B_PER_10K / 10_000:,.2f}"
 
 
+def _median(runs: list[Run]) -> Run:
+    """The runs' median examples/s and CPU per example (each its own median), with the first run's counts."""
+    return dataclasses.replace(runs[0], examples_per_s=float(np.median([r.examples_per_s for r in runs])),
+                               cpu_us_per_example=float(np.median([r.cpu_us_per_example for r in runs])))
+
+
 def measure_gcs(delays_ms: Sequence[float], hosts: int, host_batch: int, orders: Sequence[tuple[str, object]],
-                warmup: int, steps: int) -> list[str]:
-    """The section's lines: every order in ``orders`` ((name, EpochOrder)) at every delay, epochs 0, 1, 100."""
+                warmup: int, steps: int, repeats: int = 5) -> list[str]:
+    """The section's lines: every order in ``orders`` ((name, EpochOrder)) at every delay, epochs 0, 1, 100,
+    each row the median of ``repeats`` reads from the store and as many from the local disk, taken in turns."""
     from bench.object_store import running_store
     from taskdata.cache.reader import CacheReader
     from taskdata.config import Config
@@ -186,9 +193,10 @@ def measure_gcs(delays_ms: Sequence[float], hosts: int, host_batch: int, orders:
         f"16 steps ahead, or the order's read horizon + 8; FetchOptions(): 64 requests in flight, ranges 64 KiB apart "
         f"one request, extended over later steps' ranges up to 4 MiB, 64 MiB kept), and the same steps from the local "
         f"folder (page cache) in the same run; each "
-        f"row a fresh client reading the epoch's first {warmup + steps} steps, timed over the last {steps} (examples/s "
-        f"and this process's CPU per example, every thread: the store runs in its own process); GETs counted at the "
-        f"store over all {warmup + steps} steps; 1-minute load average at the start of each row",
+        f"read a fresh client reading the epoch's first {warmup + steps} steps, timed over the last {steps} (examples/s "
+        f"and this process's CPU per example, every thread: the store runs in its own process); each row the median "
+        f"of {repeats} such reads from the store and {repeats} from the local disk, taken in turns; GETs counted at "
+        f"the store over all {warmup + steps} steps of the first read; 1-minute load average at the start of each row",
         "| delay | order (stated bounds: reads; requests) | epoch | examples/s: store; local disk (ratio) | client CPU "
         "us per example: store; local disk (ratio) | ranged GETs per step (most in flight); reads the instructions "
         "name | sidecar GETs (shards opened); metadata requests | load |",
@@ -206,8 +214,11 @@ def measure_gcs(delays_ms: Sequence[float], hosts: int, host_batch: int, orders:
                     for epoch in (0, 1, 100):
                         load = os.getloadavg()[0]
                         first = -(-epoch * n // batch)
-                        remote = _client(plan, version, lengths, host, first, warmup, steps, store)
-                        disk = _client(plan, local, lengths, host, first, warmup, steps)
+                        remotes, disks = [], []
+                        for _ in range(repeats):
+                            remotes.append(_client(plan, version, lengths, host, first, warmup, steps, store))
+                            disks.append(_client(plan, local, lengths, host, first, warmup, steps))
+                        remote, disk = _median(remotes), _median(disks)
                         named = _instruction_reads(plan, local, host, first, warmup + steps)
                         got[delay, name, epoch] = remote, disk
                         lines.append(

@@ -41,17 +41,19 @@ def test_a_request_takes_in_the_later_ranges_that_chain_onto_it_and_later_calls_
     data = np.random.default_rng(1).bytes(100_000)
     path = memory_file(data)
     fetcher = RangeFetcher(FetchOptions(max_gap=100, max_request_bytes=10_000))
-    later = (np.array([1_050, 1_200, 50_000, 9_000, 30_000]), np.array([100, 100, 10, 100, 10]))
+    fetcher.announce("later", path, [1_050, 1_200, 50_000, 9_000, 30_000], [100, 100, 10, 100, 10])
     # [1000, 1040) chains onto 1050 and 1200 (gaps of 10 and 50); 9000 and 50000 are too far, 30000 too.
-    first = fetcher.start(path, [1_000], [40], later)
+    first = fetcher.start(path, [1_000], [40])
     assert first.result() == (data[1_000:1_040], None) and fetcher.requests == 1
+    fetcher.withdraw("later")
     # The later calls find their bytes: no new request.
     assert fetcher.start(path, [1_050, 1_200], [100, 100]).result() == (data[1_050:1_150] + data[1_200:1_300], None)
     assert fetcher.requests == 1
     assert fetcher.start(path, [9_000], [100]).result() == (data[9_000:9_100], None) and fetcher.requests == 2
     # Extension stops at max_request_bytes from the request's start (the ranges asked are never cut).
-    chain = (np.arange(20_000, 40_000, 150), np.full(134, 100))
-    fetcher.start(path, [19_950], [40], chain).result()
+    fetcher.announce("chain", path, np.arange(20_000, 40_000, 150), np.full(134, 100))
+    fetcher.start(path, [19_950], [40]).result()
+    fetcher.withdraw("chain")
     assert fetcher.requests == 3
     fetcher.start(path, [29_750], [100]).result()  # the last later range within 10,000 bytes of its start
     assert fetcher.requests == 3
@@ -84,6 +86,57 @@ def test_the_result_is_the_ranges_one_after_another_however_they_were_requested(
     buffer, file_end = fetcher.start(path, begins, sizes).result()
     assert file_end is None
     assert buffer == b"".join(data[b : b + n] for b, n in zip(begins, sizes, strict=True))
+    fetcher.close()
+
+
+def test_ranges_of_many_files_come_in_the_order_asked_and_no_request_spans_two_files() -> None:
+    rng = np.random.default_rng(2)
+    datas = [rng.bytes(3000) for _ in range(3)]
+    paths = [memory_file(data) for data in datas]
+    fetcher = RangeFetcher(FetchOptions(max_gap=1 << 20))  # within one file, everything is one request
+    files, begins, sizes = [2, 0, 2, 1, 0, 1], [10, 2990, 500, 0, 0, 2999], [5, 10, 100, 3000, 1, 1]
+    buffer, file_end = fetcher.start(paths, begins, sizes, files).result()
+    assert file_end is None
+    assert buffer == b"".join(datas[f][b : b + n] for f, b, n in zip(files, begins, sizes, strict=True))
+    assert fetcher.requests == 3  # one per file
+    fetcher.close()
+    # Announced ranges of several files extend each file's request, and later calls find them.
+    fetcher = RangeFetcher(FetchOptions(max_gap=100))
+    fetcher.announce(7, paths, [2000, 2500, 2800], [10, 10, 10], [0, 2, 1])
+    fetcher.start(paths[0], [1990], [5]).result()
+    fetcher.start(paths[2], [2400], [5]).result()
+    assert fetcher.requests == 2
+    fetcher.withdraw(7)
+    assert fetcher.start(paths, [2000, 2500], [10, 10], [0, 2]).result() == (datas[0][2000:2010] + datas[2][2500:2510], None)
+    assert fetcher.requests == 2
+    fetcher.start(paths[1], [2790], [5]).result()  # withdrawn: not taken in
+    assert fetcher.start(paths[1], [2800], [10]).result() == (datas[1][2800:2810], None)
+    assert fetcher.requests == 4
+    with pytest.raises(ValueError, match="file_index must give each of the 2 ranges a file in \\[0, 3\\)"):
+        fetcher.start(paths, [0, 0], [1, 1], [0, 3])
+    with pytest.raises(ValueError, match="Ranges of 3 files need file_index"):
+        fetcher.start(paths, [0], [1])
+    fetcher.close()
+
+
+def test_a_range_past_the_request_that_starts_last_before_it_is_found_in_one_that_holds_it() -> None:
+    data = np.random.default_rng(3).bytes(10_000)
+    path = memory_file(data)
+    fetcher = RangeFetcher(FetchOptions(max_gap=0))
+    fetcher.start(path, [1500], [100]).result()  # [1500, 1600)
+    fetcher.start(path, [1000], [4000]).result()  # [1000, 5000): overlaps it
+    assert fetcher.requests == 2
+    # [3000, 3100) lies past [1500, 1600), the request that starts last before it, and inside [1000, 5000).
+    assert fetcher.start(path, [3000, 1550], [100, 10]).result() == (data[3000:3100] + data[1550:1560], None)
+    assert fetcher.requests == 2
+    fetcher.close()
+
+
+def test_a_file_of_several_shorter_than_its_ranges_gives_the_ranges_before_its_cut_and_its_size() -> None:
+    short, whole = bytes(range(256)) * 4, bytes(range(256)) * 8  # 1024 and 2048 bytes
+    paths = [memory_file(short), memory_file(whole)]
+    fetcher = RangeFetcher()
+    assert fetcher.start(paths, [0, 1000, 0], [10, 50, 10], [1, 0, 1]).result() == (whole[:10] + short[1000:], 1024)
     fetcher.close()
 
 

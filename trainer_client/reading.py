@@ -96,8 +96,6 @@ class BatchReader:
         self._readers: dict[str, tuple[CacheReader, CacheReaderTable]] = {}
         self._given = dict(readers or {})
         self._fetcher = RangeFetcher(fetch)
-        # Reads of remote shards by steps announced and not started: uri -> step -> (byte offsets, lengths).
-        self._announced: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
         self._packed: tuple[str, ...] | None = None  # the packed features of the run's caches, once one is open
 
     def read(self, step_reads: StepReads, into: Allocate | None = None) -> ClientBatch:
@@ -114,35 +112,36 @@ class BatchReader:
                 for shard, uri in zip(task.files.tolist(), task.file_uris, strict=True):
                     wanted.setdefault((t, uri.rsplit("/", 1)[0]), set()).add(shard)
         for (t, version_dir), shards in wanted.items():
-            reader, _ = self._reader_for(t, version_dir, None)
+            reader, _ = self._reader_for(t, version_dir)
             reader.load_offsets(self.info.split, shards)
 
     def announce(self, step_reads: StepReads) -> None:
         """Says that ``step_reads`` will be started later: the requests of the steps started before it may take
-        in its reads of remote shards (``RangeFetcher.start``'s ``later``), so that it finds them read."""
-        for uri, ranges in _byte_ranges_by_file(step_reads).items():
-            self._announced.setdefault(uri, {})[step_reads.step] = ranges
+        in its reads of remote shards (``RangeFetcher.announce``), so that it finds them read."""
+        paths: list[str] = []
+        begins, lengths, files = [], [], []
+        for task in step_reads.tasks:
+            if not len(task) or not fs.is_remote(task.file_uris[0]):
+                continue
+            files.append(np.searchsorted(task.files, task.shard) + len(paths))
+            paths.extend(task.file_uris)
+            begins.append(task.byte_offset)
+            lengths.append(task.byte_length)
+        if paths:
+            self._fetcher.announce(step_reads.step, paths, np.concatenate(begins), np.concatenate(lengths),
+                                   np.concatenate(files))
 
     def forget_announced(self) -> None:
         """Forgets every step announced and not started (a reader that moves to another step)."""
-        self._announced.clear()
+        self._fetcher.withdraw()
 
     def start(self, step_reads: StepReads) -> PendingBatch:
         """Checks the step's instructions against the verified sidecars and starts its reads (each request of a
         remote shard taking in the reads of the steps announced for later that chain onto it)."""
         if step_reads.skipped:
             return PendingBatch(step_reads, ())
-        hints = {}
-        for uri in {uri for task in step_reads.tasks for uri in task.file_uris}:
-            steps = self._announced.get(uri)
-            if steps is None:
-                continue
-            steps.pop(step_reads.step, None)
-            if not steps:
-                del self._announced[uri]
-                continue
-            hints[uri] = (np.concatenate([b for b, _ in steps.values()]), np.concatenate([n for _, n in steps.values()]))
-        spans = tuple(self._start_spans(step_reads.step, t, task, hints) for t, task in enumerate(step_reads.tasks))
+        self._fetcher.withdraw(step_reads.step)
+        spans = tuple(self._start_spans(step_reads.step, t, task) for t, task in enumerate(step_reads.tasks))
         return PendingBatch(step_reads, spans)
 
     def finish(self, pending: PendingBatch, into: Allocate | None = None) -> ClientBatch:
@@ -185,40 +184,44 @@ class BatchReader:
                 lengths[segment_ids_name(name)] = lengths[positions_name(name)] = length
         return lengths
 
-    def _start_spans(self, step: int, task_index: int, task: TaskReads,
-                     hints: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> PendingSpans | None:
+    def _start_spans(self, step: int, task_index: int, task: TaskReads) -> PendingSpans | None:
         """Starts reading the records of ``task``'s reads, in order, after checking every file and byte
         range (None when there are none)."""
         if not len(task):
             return None
-        found = [
-            self._reader_for(task_index, uri.rsplit("/", 1)[0], (shard, uri))
-            for shard, uri in zip(task.files.tolist(), task.file_uris, strict=True)
-        ]
-        reader, table = found[-1]  # every one holds the bytes the plan pins
+        uris = task.file_uris
+        reader, table = self._reader_for(task_index, uris[0].rsplit("/", 1)[0])  # it holds the bytes the plan pins
+        for shard, uri in zip(task.files.tolist(), uris, strict=True):
+            if not 0 <= shard < len(table.shard_uris) or table.shard_uris[shard] != uri:
+                theirs = table.shard_uris[shard] if 0 <= shard < len(table.shard_uris) else "no such shard"
+                raise AssignmentError(
+                    f"Instructions name {uri} as shard {shard} of task {reader.task!r}, but its version folder "
+                    f"{reader.version_dir} holds as shard {shard} {theirs}."
+                )
+        shards, records = task.records()
         try:
-            starts, lengths = table.byte_ranges(task.shard, task.first_record, task.count)
+            pending = reader.start_spans(self.info.split, shards, records, self._fetcher)
         except IndexError as error:
-            raise AssignmentError(
-                f"Step {step}: {error} The instructions were made for other bytes."
-            ) from None
-        wrong = np.flatnonzero((starts != task.byte_offset) | (lengths != task.byte_length))
+            raise AssignmentError(f"Step {step}: {error} The instructions were made for other bytes.") from None
+        # Each read's byte range, as the verified sidecars place its records, must be the instructions' own.
+        starts, ends = pending.frames()
+        firsts = np.cumsum(task.count) - task.count
+        begins, lengths = starts[firsts], ends[firsts + task.count - 1] - starts[firsts]
+        wrong = np.flatnonzero((begins != task.byte_offset) | (lengths != task.byte_length))
         if len(wrong):
+            pending.cancel()
             i = int(wrong[0])
             first, count, shard = int(task.first_record[i]), int(task.count[i]), int(task.shard[i])
             raise AssignmentError(
                 f"Step {step}: the instructions say records {first}..{first + count - 1} of "
                 f"{table.shard_uris[shard]} are bytes {int(task.byte_offset[i])}+{int(task.byte_length[i])}, "
-                f"but the shard's verified offsets give {int(starts[i])}+{int(lengths[i])}. The instructions "
+                f"but the shard's verified offsets give {int(begins[i])}+{int(lengths[i])}. The instructions "
                 "were made for other bytes; do not train on them."
             )
-        shards, records = task.records()
-        return reader.start_spans(self.info.split, shards, records, self._fetcher, hints)
+        return pending
 
-    def _reader_for(
-        self, task_index: int, version_dir: str, file: tuple[int, str] | None
-    ) -> tuple[CacheReader, CacheReaderTable]:
-        """The reader of ``version_dir`` (task ``task_index``'s), checking that it holds ``file`` (shard, URI)."""
+    def _reader_for(self, task_index: int, version_dir: str) -> tuple[CacheReader, CacheReaderTable]:
+        """The reader of ``version_dir``, checking that it holds task ``task_index``'s cache."""
         task = self.info.plan.task_names[task_index]
         found = self._readers.get(version_dir)
         if found is None:
@@ -236,14 +239,10 @@ class BatchReader:
                     "('taskdata cache --pack', or none).")
             self._packed = packed
             found = self._readers[version_dir] = (reader, CacheReaderTable(reader, self.info.split))
-        reader, table = found
-        shard, uri = file if file is not None else (0, None)
-        if reader.task != task or (uri is not None and (
-                not 0 <= shard < len(table.shard_uris) or table.shard_uris[shard] != uri)):
-            theirs = table.shard_uris[shard] if 0 <= shard < len(table.shard_uris) else "no such shard"
+        reader = found[0]
+        if reader.task != task:
             raise AssignmentError(
-                f"Instructions name {uri or version_dir} as shard {shard} of task {task!r}, but that version folder "
-                f"holds task {reader.task!r} whose shard {shard} is {theirs}."
+                f"Instructions name {version_dir} as a version folder of task {task!r}, but it holds task {reader.task!r}."
             )
         return found
 
@@ -253,21 +252,6 @@ class BatchReader:
                 reader.close()
         self._readers.clear()
         self._fetcher.close()
-
-
-def _byte_ranges_by_file(step_reads: StepReads) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The (byte offsets, byte lengths) a step reads, per remote shard file (local ones need no hints)."""
-    out = {}
-    for task in step_reads.tasks:
-        if not len(task) or not fs.is_remote(task.file_uris[0]):
-            continue
-        uris = dict(zip(task.files.tolist(), task.file_uris, strict=True))
-        order = np.argsort(task.shard, kind="stable")
-        shards = task.shard[order]
-        cuts = np.flatnonzero(np.diff(shards)) + 1
-        for mine in np.split(order, cuts):
-            out[uris[int(task.shard[mine[0]])]] = (task.byte_offset[mine], task.byte_length[mine])
-    return out
 
 
 _EMPTY: tuple[bytes, np.ndarray, np.ndarray] = (b"", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))

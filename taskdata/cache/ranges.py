@@ -1,7 +1,8 @@
 """Ranged reads of remote files kept in flight: many requests at once, never more than a bound.
 
 A ranged GET from an object store costs a round trip (tens of milliseconds) whatever its size, and
-thousands may be in flight. ``RangeFetcher.start`` issues the reads of one file's byte ranges at once
+thousands may be in flight. ``RangeFetcher.start`` issues the reads of byte ranges of one file or of
+many (a step of a shuffled epoch reads a few records of each of many shards: one call for all of them)
 and returns at once; ``PendingRanges.result`` waits for them. The caller keeps as many started as it
 likes (the trainer client: the steps of its read-ahead), and the fetcher keeps at most
 ``FetchOptions.max_in_flight`` requests in flight among all of them, the others queued in the order
@@ -9,11 +10,11 @@ they were started.
 
 - Ranges of one file closer than ``max_gap`` bytes are read by one request (coalesced); the bytes
   between them are read and dropped, so a request reads at most ``max_gap`` bytes per range beyond
-  what was asked.
-- ``start`` may be told the ranges of the same file that later calls will ask for (``later``: the
-  trainer client passes those of the steps it knows the instructions of). A request is then extended
-  over the later ranges that chain onto the ranges asked now (each within ``max_gap`` of the next, up
-  to ``max_request_bytes`` from its start), and the later calls find their bytes in it instead of
+  what was asked. A request never spans two files.
+- ``announce`` tells the fetcher the ranges later calls will ask for (the trainer client announces
+  each step whose instructions it knows, and withdraws it when it starts it). A request is then extended
+  over the announced ranges that chain onto the ranges asked now (each within ``max_gap`` of the next,
+  up to ``max_request_bytes`` from its start), and the later calls find their bytes in it instead of
   asking again: records read in one step and the next ones are one request. What was fetched stays
   findable while the fetched bytes kept for later calls are at most ``cache_bytes`` (least recently
   used dropped first; a call whose bytes were dropped asks for them again).
@@ -27,7 +28,8 @@ they were started.
   range was asked, so a retry never reorders anything and no range is ever left out: a read that
   still fails raises ``RangeReadError`` from ``result``, naming the file, the range and the error.
 - A file shorter than a range asked (a truncated shard) is not an error here: ``result`` returns
-  the whole ranges before its end and the file's size, for the caller to name the record. (A range
+  the whole ranges before the first one it cuts (and what it holds of that one) and the file's size,
+  for the caller to name the record. (A range
   that starts past the end fails every try, e.g. with 416; only then is the file's size asked.)
 
 Local files are not read here: ``CacheReader`` reads them with ``pread`` (microseconds; a thread's
@@ -37,14 +39,13 @@ hand-over would cost more than it hides).
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import dataclasses
 import functools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,12 @@ import numpy as np
 from taskdata import fs
 
 __all__ = ["FetchOptions", "PendingRanges", "RangeFetcher", "RangeReadError", "coalesce"]
+
+# A range's key is (file id << _FILE_SHIFT) | byte offset, offsets below _OFFSET_LIMIT: two files' keys are
+# then more than any max_gap apart, so no request ever spans two files.
+_FILE_SHIFT = 40
+_OFFSET_LIMIT = 1 << 39
+_OFFSET_MASK = (1 << _FILE_SHIFT) - 1
 
 # Errors that say the file itself is wrong (missing, unreadable): asking again cannot help.
 _FINAL = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
@@ -91,6 +98,8 @@ class FetchOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"FetchOptions.{name} must be an integer >= {least} but got {value!r}.")
+        if self.max_gap > _OFFSET_LIMIT:
+            raise ValueError(f"FetchOptions.max_gap must be at most {_OFFSET_LIMIT:,} but got {self.max_gap:,}.")
         for name in ("timeout", "first_backoff"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -128,36 +137,42 @@ class _Segment:
     start: int
     end: int
     future: concurrent.futures.Future[bytes]
+    data: bytes | None = None  # once the request succeeded (read without the future's lock, by every step it holds)
 
 
 class PendingRanges:
-    """The reads of one file's ranges, started; ``result`` waits for them."""
+    """The reads of some files' ranges, started; ``result`` waits for them."""
 
-    def __init__(self, path: str, sizes: np.ndarray, pieces: Sequence[tuple[_Segment, int]]):
-        self.path = path
+    def __init__(self, paths: Sequence[str], file_index: np.ndarray, sizes: np.ndarray,
+                 segments: Sequence[_Segment], held_by: np.ndarray, offsets: np.ndarray):
+        self._paths = paths
+        self._file_index = file_index  # per range: its file, an index into paths
         self._sizes = sizes
-        self._pieces = pieces  # per range: the request holding it, and where in that request it starts
+        self._segments = segments  # the requests that hold the ranges
+        self._held_by = held_by  # per range: the request holding it (index into segments) ...
+        self._offsets = offsets  # ... and where in that request it starts
 
     def result(self) -> tuple[bytes, int | None]:
-        """The ranges one after another in one buffer, and None; or, where the file ends early, the whole
-        ranges before its end (and what the file holds of the first one it cuts), and the file's size."""
-        if len(self._pieces) == 1:
-            segment, offset = self._pieces[0]
-            data, size = segment.future.result(), int(self._sizes[0])
-            if offset == 0 and len(data) == size:  # one request of exactly this range: its bytes as they came
-                return data, None
-            part = data[offset : offset + size]
-            return part, (None if len(part) == size else fs.size(self.path))
-        parts: list[memoryview] = []
-        for (segment, offset), size in zip(self._pieces, self._sizes.tolist(), strict=True):
-            parts.append(memoryview(segment.future.result())[offset : offset + size])
-            if len(parts[-1]) < size:
-                return b"".join(parts), fs.size(self.path)
-        return b"".join(parts), None
+        """The ranges one after another in one buffer, and None; or, where a file ends early, the whole
+        ranges before the first range it cuts (and what the file holds of that one), and that file's size."""
+        datas = [segment.future.result() if segment.data is None else segment.data for segment in self._segments]
+        lengths = np.array([len(data) for data in datas], np.int64)
+        cut = np.flatnonzero(self._offsets + self._sizes > lengths[self._held_by])
+        last = int(cut[0]) if len(cut) else len(self._sizes) - 1
+        if len(self._sizes) == 1 and self._offsets[0] == 0 and lengths[0] == self._sizes[0]:
+            return datas[0], None  # one request of exactly this range: its bytes as they came
+        views = [memoryview(data) for data in datas]
+        parts = [views[g][o : o + n] for g, o, n in zip(self._held_by[: last + 1].tolist(),
+                                                       self._offsets[: last + 1].tolist(),
+                                                       self._sizes[: last + 1].tolist(), strict=True)]
+        buffer = b"".join(parts)
+        if not len(cut):
+            return buffer, None
+        return buffer, fs.size(self._paths[int(self._file_index[last])])
 
     def cancel(self) -> None:
         """Drops the reads that have not started (a reader that stops early)."""
-        for segment, _ in self._pieces:
+        for segment in self._segments:
             segment.future.cancel()
 
 
@@ -172,8 +187,26 @@ def _settle(future: concurrent.futures.Future[bytes], task: asyncio.Task[bytes])
             future.set_result(task.result())
 
 
+def _as_files(paths: str | Sequence[str], count: int, file_index: Sequence[int] | np.ndarray | None
+              ) -> tuple[list[str], np.ndarray]:
+    """(paths, file index per range) of ``start``'s and ``announce``'s arguments, checked."""
+    files = [paths] if isinstance(paths, str) else list(paths)
+    if file_index is None:
+        if len(files) != 1:
+            raise ValueError(f"Ranges of {len(files)} files need file_index: which file each range is of.")
+        return files, np.zeros(count, np.int64)
+    index = np.asarray(file_index, np.int64)
+    if index.shape != (count,) or (count and (index.min() < 0 or index.max() >= len(files))):
+        raise ValueError(f"file_index must give each of the {count} ranges a file in [0, {len(files)}).")
+    return files, index
+
+
 class RangeFetcher:
     """Starts ranged reads of remote files, at most ``options.max_in_flight`` requests at once.
+
+    Every file's bytes live in one space of keys, ``(file id << 40) | offset`` (files up to 1 TiB), so that
+    the ranges of many files are located, coalesced and extended in one pass of array operations, never
+    across two files: a step of a shuffled epoch reads a few records of each of many shards.
 
     Thread-safe: any thread may start reads and wait for them.
     """
@@ -183,107 +216,186 @@ class RangeFetcher:
         self._semaphores: dict[int, asyncio.Semaphore] = {}  # per event loop, used only on that loop
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.RLock()  # RLock: a request that fails at once drops itself under it
-        # Requests later calls may find their bytes in: per file, by start; all of them, least recently used first.
-        self._by_file: dict[str, dict[int, _Segment]] = {}
-        self._recent: collections.OrderedDict[tuple[str, int], _Segment] = collections.OrderedDict()
+        self._file_ids: dict[str, int] = {}
+        self._paths: list[str] = []
+        # Requests later calls may find their bytes in, sorted by start key; when each was last used.
+        self._starts = np.zeros(0, np.int64)
+        self._ends = np.zeros(0, np.int64)
+        self._used = np.zeros(0, np.int64)
+        self._segments: list[_Segment] = []
+        self._clock = 0
         self._kept_bytes = 0
+        # Ranges later calls will ask for, by the caller's token: (begin keys, end keys); all of them together.
+        self._announced: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
+        self._later: tuple[np.ndarray, np.ndarray] | None = None
         self.requests = 0  # requests made so far (each retry of one counts once)
 
-    def start(self, path: str, begins: Sequence[int] | np.ndarray, sizes: Sequence[int] | np.ndarray,
-              later: tuple[np.ndarray, np.ndarray] | None = None) -> PendingRanges:
-        """Starts reading ``[begins[i], begins[i] + sizes[i])`` of the remote file ``path``; ``later`` holds
-        (begins, sizes) of ranges of the same file that later calls will ask for."""
-        if not fs.is_remote(path):
-            raise ValueError(f"RangeFetcher reads remote files; {path!r} is local (read it with pread).")
+    def start(self, paths: str | Sequence[str], begins: Sequence[int] | np.ndarray, sizes: Sequence[int] | np.ndarray,
+              file_index: Sequence[int] | np.ndarray | None = None) -> PendingRanges:
+        """Starts reading ``[begins[i], begins[i] + sizes[i])`` of the remote file ``paths`` (one path), or of
+        ``paths[file_index[i]]``. Requests are extended over the ranges ``announce``d for later calls."""
         begin_array, size_array = np.asarray(begins, np.int64), np.asarray(sizes, np.int64)
-        end_array = begin_array + size_array
+        files, index = _as_files(paths, len(begin_array), file_index)
         with self._lock:
-            pieces: list[tuple[_Segment, int] | None] = [self._find(path, b, e) for b, e in
-                                                         zip(begin_array.tolist(), end_array.tolist(), strict=True)]
-            missing = [i for i, piece in enumerate(pieces) if piece is None]
-            if missing:
-                for segment, held in self._request(path, begin_array[missing], end_array[missing], later):
-                    for i in held:
-                        pieces[missing[i]] = (segment, int(begin_array[missing[i]]) - segment.start)
-        assert all(piece is not None for piece in pieces)
-        return PendingRanges(path, size_array, pieces)  # type: ignore[arg-type]
+            begin_keys = self._keys(files, index, begin_array)
+            end_keys = begin_keys + size_array
+            held_by = self._find(begin_keys, end_keys)
+            found = held_by >= 0
+            used = np.unique(held_by[found])
+            self._clock += 1
+            self._used[used] = self._clock
+            segments = [self._segments[i] for i in used.tolist()]
+            which = np.zeros(len(begin_keys), np.int64)  # per range: its request, an index into segments
+            which[found] = np.searchsorted(used, held_by[found])
+            offsets = np.zeros(len(begin_keys), np.int64)  # per range: where in its request it starts
+            offsets[found] = begin_keys[found] - self._starts[held_by[found]]
+            missing = np.flatnonzero(~found)
+            for segment, start_key, indices in self._request(begin_keys[missing], end_keys[missing]):
+                which[missing[indices]] = len(segments)
+                offsets[missing[indices]] = begin_keys[missing[indices]] - start_key
+                segments.append(segment)
+        return PendingRanges(files, index, size_array, segments, which, offsets)
 
-    def _find(self, path: str, begin: int, end: int) -> tuple[_Segment, int] | None:
-        """A request of ``path`` that holds ``[begin, end)`` (marked as used now), and where in it it starts."""
-        for segment in self._by_file.get(path, {}).values():
-            if segment.start <= begin and end <= segment.end:
-                self._recent.move_to_end((path, segment.start))
-                return segment, begin - segment.start
-        return None
+    def announce(self, token: Hashable, paths: str | Sequence[str], begins: Sequence[int] | np.ndarray,
+                 sizes: Sequence[int] | np.ndarray, file_index: Sequence[int] | np.ndarray | None = None) -> None:
+        """Says that a later ``start`` will read these ranges (arguments as ``start``'s): until ``withdraw``
+        (token), requests of the files may be extended over them, and that ``start`` finds them read."""
+        begin_array, size_array = np.asarray(begins, np.int64), np.asarray(sizes, np.int64)
+        files, index = _as_files(paths, len(begin_array), file_index)
+        with self._lock:
+            keys = self._keys(files, index, begin_array)
+            self._announced[token] = (keys, keys + size_array)
+            self._later = None
 
-    def _request(self, path: str, begins: np.ndarray, ends: np.ndarray,
-                 later: tuple[np.ndarray, np.ndarray] | None) -> list[tuple[_Segment, list[int]]]:
-        """Starts the requests that read ``[begins[i], ends[i])``, extended over the ``later`` ranges that chain
-        onto them; each request with the indices of the ranges it holds."""
+    def withdraw(self, token: Hashable | None = None) -> None:
+        """Forgets the ranges announced with ``token`` (every announced range: None)."""
+        with self._lock:
+            if token is None:
+                self._announced.clear()
+            else:
+                self._announced.pop(token, None)
+            self._later = None
+
+    def _keys(self, files: list[str], index: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        ids = []
+        for path in files:
+            found = self._file_ids.get(path)
+            if found is None:
+                if not fs.is_remote(path):
+                    raise ValueError(f"RangeFetcher reads remote files; {path!r} is local (read it with pread).")
+                found = self._file_ids[path] = len(self._paths)
+                self._paths.append(path)
+            ids.append(found)
+        if len(offsets) and (offsets.min() < 0 or offsets.max() >= _OFFSET_LIMIT):
+            raise ValueError(f"Byte offsets must lie in [0, {_OFFSET_LIMIT:,}) but got {offsets.min()}..{offsets.max()}.")
+        return (np.asarray(ids, np.int64)[index] << _FILE_SHIFT) | offsets
+
+    def _find(self, begin_keys: np.ndarray, end_keys: np.ndarray) -> np.ndarray:
+        """The kept request that holds each range (its position; -1 where none does)."""
+        if not len(self._starts):
+            return np.full(len(begin_keys), -1, np.int64)
+        at = np.searchsorted(self._starts, begin_keys, side="right") - 1
+        held_by = np.where((at >= 0) & (end_keys <= self._ends[np.maximum(at, 0)]), at, -1)
+        missed = np.flatnonzero(held_by < 0)
+        if len(missed) and (self._starts[1:] < self._ends[:-1]).any():
+            # Requests overlap (one was extended over another's bytes): the last one starting before a range
+            # may end before it while an earlier one holds it.
+            holds = (self._starts <= begin_keys[missed, None]) & (end_keys[missed, None] <= self._ends)
+            anywhere = holds.any(axis=1)
+            held_by[missed[anywhere]] = holds[anywhere].argmax(axis=1)
+        return held_by
+
+    def _later_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._later is None:
+            parts = list(self._announced.values())
+            self._later = (np.concatenate([b for b, _ in parts]) if parts else np.zeros(0, np.int64),
+                           np.concatenate([e for _, e in parts]) if parts else np.zeros(0, np.int64))
+        return self._later
+
+    def _request(self, begins: np.ndarray, ends: np.ndarray) -> list[tuple[_Segment, int, np.ndarray]]:
+        """Starts the requests that read the ranges ``[begins[i], ends[i])`` (keys), extended over the announced
+        ranges that chain onto them: each request, its start key, and the indices of the ranges it holds."""
         options = self.options
         asked = len(begins)
-        if later is not None and len(later[0]) and options.cache_bytes:  # kept nowhere, later bytes would be lost
-            begins = np.concatenate((begins, later[0]))
-            ends = np.concatenate((ends, later[0] + later[1]))
+        if not asked:
+            return []
+        later_begins, later_ends = self._later_keys()
+        if len(later_begins) and options.cache_bytes:  # kept nowhere, later bytes would be lost
+            begins = np.concatenate((begins, later_begins))
+            ends = np.concatenate((ends, later_ends))
         starts, stops, group = coalesce(begins, ends, options.max_gap)
-        filesystem, inner = fs.filesystem(path)
         spans: list[tuple[int, int]] = []
-        holds: list[list[int]] = []
+        holds: list[np.ndarray] = []
         for g in np.unique(group[:asked]).tolist():
             held = np.flatnonzero(group[:asked] == g)
             start = int(starts[g])
             # Extended over later ranges up to max_request_bytes, never short of the ranges asked now.
             need = int(ends[held].max())
-            members = np.flatnonzero(group == g)
-            fits = ends[members][ends[members] <= max(need, start + options.max_request_bytes)]
-            stop = min(max(need, int(fits.max()) if len(fits) else need), int(stops[g]))
-            spans.append((start, stop))
-            holds.append(held.tolist())
+            members = ends[group == g]
+            fits = members[members <= max(need, start + options.max_request_bytes)]
+            spans.append((start, min(max(need, int(fits.max())), int(stops[g]))))
+            holds.append(held)
+        by_filesystem: dict[int, tuple[Any, list[int]]] = {}
+        inner_spans: list[tuple[str, int, int]] = []
+        for k, (start, stop) in enumerate(spans):
+            path = self._paths[start >> _FILE_SHIFT]
+            filesystem, inner = fs.filesystem(path)
+            by_filesystem.setdefault(id(filesystem), (filesystem, []))[1].append(k)
+            inner_spans.append((inner, start & _OFFSET_MASK, stop & _OFFSET_MASK))
+        futures: list[concurrent.futures.Future[bytes] | None] = [None] * len(spans)
+        for filesystem, members_of in by_filesystem.values():
+            for k, future in zip(members_of, self._launch(filesystem, [inner_spans[k] for k in members_of]), strict=True):
+                futures[k] = future
         made = []
-        for (start, stop), future, indices in zip(spans, self._launch(filesystem, inner, spans), holds, strict=True):
-            segment = _Segment(path, start, stop, future)
+        for (start, stop), future, held in zip(spans, futures, holds, strict=True):
+            assert future is not None
+            segment = _Segment(self._paths[start >> _FILE_SHIFT], start & _OFFSET_MASK, stop & _OFFSET_MASK, future)
             self.requests += 1
-            self._keep(segment)
-            made.append((segment, indices))
+            self._keep(start, stop, segment)
+            made.append((segment, start, held))
         return made
 
-    def _keep(self, segment: _Segment) -> None:
-        key = (segment.path, segment.start)
-        old = self._recent.pop(key, None)
-        if old is not None:
-            self._kept_bytes -= old.end - old.start
-        self._by_file.setdefault(segment.path, {})[segment.start] = segment
-        self._recent[key] = segment
-        self._kept_bytes += segment.end - segment.start
-        segment.future.add_done_callback(functools.partial(self._drop_failed, segment))
-        while self._kept_bytes > self.options.cache_bytes and self._recent:
-            self._forget(*self._recent.popitem(last=False))
+    def _keep(self, start: int, stop: int, segment: _Segment) -> None:
+        """Keeps a request for later calls to find (keys ``[start, stop)``), dropping the least recently used
+        ones while more than ``cache_bytes`` are kept."""
+        at = int(np.searchsorted(self._starts, start, side="left"))
+        self._starts = np.insert(self._starts, at, start)
+        self._ends = np.insert(self._ends, at, stop)
+        self._clock += 1
+        self._used = np.insert(self._used, at, self._clock)
+        self._segments.insert(at, segment)
+        self._kept_bytes += stop - start
+        segment.future.add_done_callback(functools.partial(self._settled, segment))
+        while self._kept_bytes > self.options.cache_bytes and self._segments:
+            self._forget(int(np.argmin(self._used)))
 
-    def _forget(self, key: tuple[str, int], segment: _Segment) -> None:
-        self._kept_bytes -= segment.end - segment.start
-        kept = self._by_file.get(key[0], {})
-        if kept.get(key[1]) is segment:
-            del kept[key[1]]
-            if not kept:
-                del self._by_file[key[0]]
+    def _forget(self, position: int) -> None:
+        self._kept_bytes -= int(self._ends[position] - self._starts[position])
+        self._starts = np.delete(self._starts, position)
+        self._ends = np.delete(self._ends, position)
+        self._used = np.delete(self._used, position)
+        del self._segments[position]
 
-    def _drop_failed(self, segment: _Segment, future: concurrent.futures.Future[bytes]) -> None:
-        """A request that failed (or was cancelled) is not found again: a later call asks anew."""
-        if future.cancelled() or future.exception() is not None:
+    def _settled(self, segment: _Segment, future: concurrent.futures.Future[bytes]) -> None:
+        """Keeps a request's bytes; a request that failed (or was cancelled) is not found again: a later call
+        asks anew."""
+        if not future.cancelled() and future.exception() is None:
+            segment.data = future.result()
+        else:
             with self._lock:
-                key = (segment.path, segment.start)
-                if self._recent.get(key) is segment:
-                    del self._recent[key]
-                    self._forget(key, segment)
+                for position, kept in enumerate(self._segments):
+                    if kept is segment:
+                        self._forget(position)
+                        break
 
-    def _launch(self, filesystem: Any, inner: str, spans: list[tuple[int, int]]) -> list[concurrent.futures.Future[bytes]]:
-        """Starts a request per ``(start, stop)`` of ``spans``: on fsspec's event loop for an async filesystem
-        (handed over once for all of them), in the thread pool otherwise."""
+    def _launch(self, filesystem: Any, spans: list[tuple[str, int, int]]) -> list[concurrent.futures.Future[bytes]]:
+        """Starts a request per ``(path, start, stop)`` of ``spans``: on fsspec's event loop for an async
+        filesystem (handed over once for all of them), in the thread pool otherwise."""
         if getattr(filesystem, "async_impl", False):
             futures: list[concurrent.futures.Future[bytes]] = [concurrent.futures.Future() for _ in spans]
 
             def launch() -> None:
-                for (start, stop), future in zip(spans, futures, strict=True):
+                for (inner, start, stop), future in zip(spans, futures, strict=True):
                     task = loop.create_task(self._get_async(filesystem, inner, start, stop))
                     task.add_done_callback(functools.partial(_settle, future))
 
@@ -295,7 +407,7 @@ class RangeFetcher:
                 self._threads = concurrent.futures.ThreadPoolExecutor(
                     self.options.max_in_flight, thread_name_prefix="taskdata-ranges")
             threads = self._threads
-        return [threads.submit(self._get_sync, filesystem, inner, start, stop) for start, stop in spans]
+        return [threads.submit(self._get_sync, filesystem, inner, start, stop) for inner, start, stop in spans]
 
     async def _get_async(self, filesystem: Any, inner: str, start: int, end: int) -> bytes:
         loop_id = id(asyncio.get_running_loop())
@@ -356,8 +468,10 @@ class RangeFetcher:
 
     def close(self) -> None:
         with self._lock:
-            self._by_file.clear()
-            self._recent.clear()
+            self._starts = self._ends = self._used = np.zeros(0, np.int64)
+            self._segments.clear()
+            self._announced.clear()
+            self._later = None
             self._kept_bytes = 0
             if self._threads is not None:
                 self._threads.shutdown(wait=False, cancel_futures=True)

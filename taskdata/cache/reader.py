@@ -16,6 +16,7 @@ Nothing here imports TensorFlow, so a trainer host does not need it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -152,13 +153,12 @@ class CacheReader:
 
     def start_spans(
         self, split: str, shards: Sequence[int] | np.ndarray, records: Sequence[int] | np.ndarray,
-        fetcher: RangeFetcher | None = None, later: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+        fetcher: RangeFetcher | None = None,
     ) -> PendingSpans:
         """Starts :meth:`read_spans`' reads and returns at once; its ``result()`` is what ``read_spans``
-        returns. Remote shards are read by ``fetcher`` (default: this reader's own), local ones when the
-        result is asked for. Sidecars not loaded yet are loaded first (one round trip for all of them).
-        ``later`` maps a shard's path to the (byte offsets, byte lengths) later calls will read of it: a
-        remote read may be extended over them (``RangeFetcher.start``)."""
+        returns. Remote shards are read by ``fetcher`` (default: this reader's own), all of them in one call
+        (its requests extended over the ranges announced to it), local ones when the result is asked for.
+        Sidecars not loaded yet are loaded first (one round trip for all of them)."""
         shard_array = np.asarray(shards, dtype=np.int64)
         record_array = np.asarray(records, dtype=np.int64)
         if shard_array.shape != record_array.shape or shard_array.ndim != 1:
@@ -177,13 +177,39 @@ class CacheReader:
         firsts = [0, *cuts.tolist()]
         unique = shard_array[firsts].tolist() if len(shard_array) else []
         self.load_offsets(split, unique)
-        if fetcher is None and fs.is_remote(self.version_dir):
-            fetcher = self._own_fetcher()
-        later = later or {}
         bounds = [*firsts, len(shard_array)]
-        parts = [self._start_shard(split, shard, record_array[bounds[k] : bounds[k + 1]], fetcher, later)
-                 for k, shard in enumerate(unique)]
-        return PendingSpans(parts, inverse)
+        starts, ends, crcs, limits, paths = [], [], [], [], []
+        for k, shard in enumerate(unique):
+            reader, index = self._reader(split, shard)
+            wanted = record_array[bounds[k] : bounds[k + 1]]
+            if wanted[0] < 0 or wanted[-1] >= index.count:
+                bad = int(wanted[0] if wanted[0] < 0 else wanted[-1])
+                raise IndexError(f"Shard {reader.path} has {index.count} records; record {bad} is out of range. "
+                                 "The read plan does not match this cache version.")
+            starts.append(index.offsets[wanted])
+            ends.append(index.offsets[wanted + 1])
+            crcs.append(index.crcs[wanted])
+            limits.append(self._entry(split, shard).max_record_bytes)
+            paths.append(reader.path)
+        records_of = _Records(
+            paths, np.repeat(np.arange(len(unique)), np.diff(bounds)), record_array,
+            np.concatenate(starts) if starts else np.zeros(0, np.int64),
+            np.concatenate(ends) if ends else np.zeros(0, np.int64),
+            np.concatenate(crcs) if crcs else np.zeros(0, np.uint32),
+            np.repeat(np.asarray(limits, np.int64), np.diff(bounds)))
+        # An extent (one read) is a run of consecutive records of one shard.
+        first_of_extent = np.flatnonzero((np.diff(records_of.file, prepend=-1) != 0) | (np.diff(record_array, prepend=-2) != 1))
+        last_of_extent = np.append(first_of_extent[1:], len(record_array))[: len(first_of_extent)] - 1
+        begins = records_of.starts[first_of_extent]
+        sizes = records_of.ends[last_of_extent] - begins
+        extent_file = records_of.file[first_of_extent]
+        reads: PendingRanges | _LocalRanges
+        if fs.is_remote(self.version_dir):
+            reads = (fetcher or self._own_fetcher()).start(paths, begins, sizes, extent_file)
+        else:
+            reads = _LocalRanges([self._file(split, shard) for shard in unique], begins.tolist(), sizes.tolist(),
+                                 extent_file.tolist())
+        return PendingSpans(reads, records_of, self._verify_crc, inverse)
 
     def decode_records(self, split: str, shards: Sequence[int] | np.ndarray, records: Sequence[int] | np.ndarray,
                        spec: Mapping[str, str] | None = None) -> dict[str, RaggedFeature]:
@@ -193,29 +219,6 @@ class CacheReader:
 
         buffer, starts, ends = self.read_spans(split, shards, records)
         return decode_buffer(buffer, starts, ends, spec or feature_spec(self.manifest))
-
-    def _start_shard(self, split: str, shard: int, wanted: np.ndarray, fetcher: RangeFetcher | None,
-                     later: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> _PendingShard:
-        """Starts the reads of one shard's records ``wanted`` (distinct, increasing)."""
-        reader, index = self._reader(split, shard)
-        offsets = index.offsets
-        count = index.count
-        if wanted[0] < 0 or wanted[-1] >= count:
-            bad = int(wanted[0] if wanted[0] < 0 else wanted[-1])
-            raise IndexError(f"Shard {reader.path} has {count} records; record {bad} is out of range. "
-                             "The read plan does not match this cache version.")
-        starts, ends = offsets[wanted], offsets[wanted + 1]
-        first_of_extent = np.flatnonzero(np.diff(wanted, prepend=-2) != 1)
-        last_of_extent = np.append(first_of_extent[1:], len(wanted)) - 1
-        begins = starts[first_of_extent]
-        sizes = ends[last_of_extent] - begins
-        if fs.is_remote(reader.path):
-            assert fetcher is not None
-            reads: PendingRanges | _LocalRanges = fetcher.start(reader.path, begins, sizes, later.get(reader.path))
-        else:
-            reads = _LocalRanges(self._file(split, shard), reader.path, begins.tolist(), sizes.tolist())
-        return _PendingShard(reads, reader.path, wanted, starts, ends, index.crcs[wanted],
-                             self._entry(split, shard).max_record_bytes, self._verify_crc)
 
     def _file(self, split: str, shard: int) -> int:
         """A local shard's raw file descriptor, read with ``pread``."""
@@ -300,130 +303,95 @@ class CacheReader:
         return reader, index
 
 
+@dataclasses.dataclass(frozen=True)
+class _Records:
+    """The distinct records a ``PendingSpans`` reads, in file order: each one's file (an index into ``paths``),
+    record index in it, frame ``[starts, ends)`` in it, data CRC from its sidecar and the longest record its
+    shard may hold."""
+
+    paths: list[str]
+    file: np.ndarray
+    record: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    crcs: np.ndarray
+    max_record_bytes: np.ndarray
+
+    def corrupt(self, i: int, reason: str) -> Exception:
+        """The error for record ``i``, named by its file, record and byte offset there."""
+        from taskdata.cache.tfrecord import CorruptRecordError
+
+        return CorruptRecordError(self.paths[int(self.file[i])], int(self.record[i]), int(self.starts[i]), reason)
+
+
 class PendingSpans:
     """The reads ``CacheReader.start_spans`` started; ``result`` waits for them and checks every record."""
 
-    def __init__(self, parts: Sequence[_PendingShard], inverse: np.ndarray | None):
-        self._parts = parts  # per shard, in shard order: its distinct records, increasing
+    def __init__(self, reads: PendingRanges | _LocalRanges, records: _Records, verify_crc: bool,
+                 inverse: np.ndarray | None):
+        self._reads = reads  # every record's frame, one after another
+        self._records = records
+        self._verify_crc = verify_crc
         self._inverse = inverse  # where each record asked for is among them (None: they are the ones asked for)
 
     def result(self) -> tuple[bytes, np.ndarray, np.ndarray]:
         """The records, verified: one buffer, and where record i of the request lies in it."""
-        fetched = [pending.reads.result() for pending in self._parts]
-        if not self._parts:
-            buffer, starts, ends = b"", np.zeros(0, np.int64), np.zeros(0, np.int64)
-        elif len(self._parts) == 1:
-            buffer, starts, ends = self._parts[0].check(*fetched[0])
-        elif any(file_end is not None for _, file_end in fetched):
-            buffer, starts, ends = self._one_by_one(fetched)  # a shard shorter than its sidecar: named by its check
-        else:
-            buffer, starts, ends = self._all_at_once(fetched)
+        from taskdata.cache.tfrecord import CorruptRecordError, check_frames, truncation_reason
+
+        records = self._records
+        buffer, file_end = self._reads.result()
+        frame_offsets = np.concatenate(([0], np.cumsum(records.ends - records.starts)))
+        # Where a file ends early, the records before the first one it cuts are checked, then that one named
+        # with the file's positions (what 'taskdata verify' says), not the buffer's.
+        whole = len(records.starts) if file_end is None else int(
+            np.searchsorted(frame_offsets[1:], len(buffer), side="right"))
+        try:
+            starts, ends = check_frames(
+                buffer, frame_offsets[: whole + 1], path="", first_index=0, base_offset=0,
+                max_record_bytes=records.max_record_bytes[:whole], expected_crcs=records.crcs[:whole],
+                verify_crc=self._verify_crc)
+        except CorruptRecordError as e:
+            raise records.corrupt(e.record_index, e.reason) from e
+        if file_end is not None:
+            raise records.corrupt(whole, truncation_reason(file_end, int(records.starts[whole]), int(records.ends[whole])))
         if self._inverse is None:
             return buffer, starts, ends
         return buffer, starts[self._inverse], ends[self._inverse]
 
-    def _one_by_one(self, fetched: list[tuple[bytes, int | None]]) -> tuple[bytes, np.ndarray, np.ndarray]:
-        buffers, starts, ends = [], [], []
-        offset = 0
-        for pending, (data, file_end) in zip(self._parts, fetched, strict=True):
-            buffer, shard_starts, shard_ends = pending.check(data, file_end)
-            buffers.append(buffer)
-            starts.append(shard_starts + offset)
-            ends.append(shard_ends + offset)
-            offset += len(buffer)
-        return b"".join(buffers), np.concatenate(starts), np.concatenate(ends)
-
-    def _all_at_once(self, fetched: list[tuple[bytes, int | None]]) -> tuple[bytes, np.ndarray, np.ndarray]:
-        """Every shard's frames checked in one pass over one buffer (a step of a windowed or per-record epoch
-        reads a few records of each of many shards: one pass instead of one per shard)."""
-        from taskdata.cache.tfrecord import CorruptRecordError, check_frames
-
-        parts = self._parts
-        buffer = b"".join(data for data, _ in fetched)
-        sizes = [p.frame_sizes for p in parts]
-        frame_offsets = np.concatenate(([0], np.cumsum(np.concatenate(sizes))))
-        counts = np.cumsum([0] + [len(size) for size in sizes])
-        limits = np.concatenate([np.full(len(p.frame_sizes), p.max_record_bytes, np.int64) for p in parts])
-        try:
-            return (buffer, *check_frames(
-                buffer, frame_offsets, path="", first_index=0, base_offset=0, max_record_bytes=limits,
-                expected_crcs=np.concatenate([p.crcs for p in parts]), verify_crc=parts[0].verify_crc))
-        except CorruptRecordError as e:
-            part = int(np.searchsorted(counts, e.record_index, side="right")) - 1
-            raise parts[part].corrupt(e.record_index - int(counts[part]), e.reason) from e
+    def frames(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where each record asked for lies in its shard, as the verified sidecars say: its frame's first byte
+        and the byte after it."""
+        if self._inverse is None:
+            return self._records.starts, self._records.ends
+        return self._records.starts[self._inverse], self._records.ends[self._inverse]
 
     def cancel(self) -> None:
         """Drops reads that have not started (the caller stops before asking for the result)."""
-        for pending in self._parts:
-            pending.reads.cancel()
+        self._reads.cancel()
 
 
 class _LocalRanges:
-    """A local shard's ranges, read with ``pread`` when the result is asked for."""
+    """Ranges of local shards, read with ``pread`` when the result is asked for: range i is
+    ``[begins[i], begins[i] + sizes[i])`` of ``fds[files[i]]``."""
 
-    def __init__(self, fd: int, path: str, begins: list[int], sizes: list[int]):
-        self._fd, self._path, self._begins, self._sizes = fd, path, begins, sizes
+    def __init__(self, fds: list[int], begins: list[int], sizes: list[int], files: list[int]):
+        self._fds, self._begins, self._sizes, self._files = fds, begins, sizes, files
 
     def result(self) -> tuple[bytes, int | None]:
-        return _read_extents(self._fd, self._begins, self._sizes)
+        """The ranges one after another in one buffer, and None; or, where a file ends early, the whole ranges
+        before the first one it cuts (and what it holds of that one), and that file's size.
+
+        ``bytes`` (one ``pread`` per range), so that each record's CRC is one C call on a slice of it."""
+        parts = []
+        for begin, size, file in zip(self._begins, self._sizes, self._files, strict=True):
+            data = _read_at(self._fds[file], begin, size)
+            parts.append(data)
+            if len(data) < size:
+                return b"".join(parts), os.fstat(self._fds[file]).st_size
+        return (parts[0] if len(parts) == 1 else b"".join(parts)), None
 
     def cancel(self) -> None:
         pass
-
-
-class _PendingShard:
-    """One shard's part of a ``PendingSpans``: its reads, and what checks their frames."""
-
-    def __init__(self, reads: PendingRanges | _LocalRanges, path: str, wanted: np.ndarray, starts: np.ndarray,
-                 ends: np.ndarray, crcs: np.ndarray, max_record_bytes: int, verify_crc: bool):
-        self.reads = reads
-        self._path, self._wanted, self._starts, self._ends = path, wanted, starts, ends
-        self.crcs, self.max_record_bytes, self.verify_crc = crcs, max_record_bytes, verify_crc
-
-    @property
-    def frame_sizes(self) -> np.ndarray:
-        return self._ends - self._starts
-
-    def corrupt(self, i: int, reason: str) -> Exception:
-        """The error for the ``i``-th record read, named by its record and byte offset in the shard."""
-        from taskdata.cache.tfrecord import CorruptRecordError
-
-        return CorruptRecordError(self._path, int(self._wanted[i]), int(self._starts[i]), reason)
-
-    def check(self, buffer: bytes, file_end: int | None) -> tuple[bytes, np.ndarray, np.ndarray]:
-        """This shard's records checked in ``buffer`` (what its reads gave, and the file's size if it ended early)."""
-        from taskdata.cache.tfrecord import CorruptRecordError, check_frames, truncation_reason
-
-        wanted, starts, ends = self._wanted, self._starts, self._ends
-        frame_offsets = np.concatenate(([0], np.cumsum(ends - starts)))
-        whole = len(wanted) if file_end is None else int(np.searchsorted(frame_offsets[1:], len(buffer), side="right"))
-        try:
-            data_starts, data_ends = check_frames(
-                buffer, frame_offsets[: whole + 1], path=self._path, first_index=0, base_offset=0,
-                max_record_bytes=self.max_record_bytes, expected_crcs=self.crcs[:whole],
-                verify_crc=self.verify_crc)
-        except CorruptRecordError as e:
-            # Name the record and byte offset in the shard, not in the gathered buffer.
-            raise self.corrupt(e.record_index, e.reason) from e
-        if file_end is not None:
-            # The records before the cut verified; the first one the file does not hold is named with
-            # the file's positions (what 'taskdata verify' says), not the buffer's.
-            raise self.corrupt(whole, truncation_reason(file_end, int(starts[whole]), int(ends[whole])))
-        return buffer, data_starts, data_ends
-
-
-def _read_extents(fd: int, begins: list[int], sizes: list[int]) -> tuple[bytes, int | None]:
-    """The byte ranges ``[begins[i], begins[i] + sizes[i])`` of a local file one after another in one buffer,
-    and None; or, where the file ends early, the whole ranges before its end and the file's size.
-
-    ``bytes`` (one ``pread`` per range), so that each record's CRC is one C call on a slice of it."""
-    parts = []
-    for begin, size in zip(begins, sizes, strict=True):
-        data = _read_at(fd, begin, size)
-        parts.append(data)
-        if len(data) < size:
-            return b"".join(parts), os.fstat(fd).st_size
-    return (parts[0] if len(parts) == 1 else b"".join(parts)), None
 
 
 def _read_at(fd: int, begin: int, size: int) -> bytes:
