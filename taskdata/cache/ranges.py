@@ -342,13 +342,12 @@ class RangeFetcher:
             filesystem, inner = fs.filesystem(path)
             by_filesystem.setdefault(id(filesystem), (filesystem, []))[1].append(k)
             inner_spans.append((inner, start & _OFFSET_MASK, stop & _OFFSET_MASK))
-        futures: list[concurrent.futures.Future[bytes] | None] = [None] * len(spans)
+        futures: dict[int, concurrent.futures.Future[bytes]] = {}
         for filesystem, members_of in by_filesystem.values():
-            for k, future in zip(members_of, self._launch(filesystem, [inner_spans[k] for k in members_of]), strict=True):
-                futures[k] = future
+            futures.update(zip(members_of, self._launch(filesystem, [inner_spans[k] for k in members_of]), strict=True))
         made = []
-        for (start, stop), future, held in zip(spans, futures, holds, strict=True):
-            assert future is not None
+        for k, ((start, stop), held) in enumerate(zip(spans, holds, strict=True)):
+            future = futures[k]
             segment = _Segment(self._paths[start >> _FILE_SHIFT], start & _OFFSET_MASK, stop & _OFFSET_MASK, future)
             self.requests += 1
             self._keep(start, stop, segment)
