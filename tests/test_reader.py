@@ -43,6 +43,17 @@ def test_read_records_in_any_order(cache):
         assert reader.read_records("train", shards, records) == [expected[s][r] for s, r in zip(shards, records, strict=True)]
 
 
+def test_offsets_loaded_says_whether_every_sidecar_of_the_split_is_loaded(cache):
+    with CacheReader(cache) as reader:
+        assert not reader.offsets_loaded("train")
+        reader.load_offsets("train", [0, 2])
+        assert not reader.offsets_loaded("train")
+        reader.read_records("train", [1, 0], [0, 0])  # loads shard 1's
+        assert reader.offsets_loaded("train")
+        reader.close()
+        assert not reader.offsets_loaded("train")
+
+
 def test_decoded_features_match_tensorflow(cache):
     import json
 

@@ -86,6 +86,8 @@ class LocalAssignments:
     def _load_offsets(self, first_step: int, num_steps: int, host_slice: HostSlice) -> None:
         """Loads the sidecars of every shard the window's steps read, per task all at once."""
         plan = self._info.plan
+        if all(reader.offsets_loaded(plan.split) for reader in self._readers):
+            return  # finding the shards is as much index math as the steps' own
         shards: list[set[int]] = [set() for _ in self._readers]
         for step in range(first_step, first_step + num_steps):
             if plan.is_skipped(step):

@@ -109,8 +109,11 @@ class BatchReader:
         wanted: dict[tuple[int, str], set[int]] = {}
         for step_reads in steps:
             for t, task in enumerate(step_reads.tasks):
-                for shard, uri in zip(task.files.tolist(), task.file_uris, strict=True):
-                    wanted.setdefault((t, uri.rsplit("/", 1)[0]), set()).add(shard)
+                if not len(task):
+                    continue
+                version_dir = task.cache.uri(int(task.files[0])).rsplit("/", 1)[0]
+                if not self._reader_for(t, version_dir)[0].offsets_loaded(self.info.split):
+                    wanted.setdefault((t, version_dir), set()).update(task.files.tolist())
         for (t, version_dir), shards in wanted.items():
             reader, _ = self._reader_for(t, version_dir)
             reader.load_offsets(self.info.split, shards)

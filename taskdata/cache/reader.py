@@ -72,6 +72,7 @@ class CacheReader:
         self._verify_crc = verify_crc
         self._shards: dict[tuple[str, int], tuple[ShardReader, RecordIndex]] = {}
         self._loading = threading.Lock()  # held while sidecars are loaded into _shards
+        self._loaded: dict[str, int] = {}  # sidecars loaded, per split
         self._files: dict[tuple[str, int], int] = {}  # local shards' file descriptors, read with pread
         self._fetcher: RangeFetcher | None = None  # remote shards' reads, unless the caller gives its own
         self._origins: dict[tuple[str, int], OriginTable] = {}
@@ -248,6 +249,7 @@ class CacheReader:
             self._fetcher.close()
             self._fetcher = None
         self._shards.clear()
+        self._loaded.clear()
         self._files.clear()
         self._origins.clear()
 
@@ -275,6 +277,11 @@ class CacheReader:
             paths = [fs.join(self.version_dir, entry.offsets_file) for entry in entries]
             for shard, entry, path, data in zip(missing, entries, paths, fs.read_many(paths), strict=True):
                 self._shards[(split, shard)] = self._open_shard(entry, path, data)
+                self._loaded[split] = self._loaded.get(split, 0) + 1
+
+    def offsets_loaded(self, split: str) -> bool:
+        """Whether every shard's offsets sidecar of ``split`` is loaded (a caller may skip finding which to load)."""
+        return self._loaded.get(split, 0) == len(self.manifest.split(split).shards)
 
     def _reader(self, split: str, shard: int) -> tuple[ShardReader, RecordIndex]:
         """(ShardReader, RecordIndex) of one shard, its sidecar checked against the manifest."""
