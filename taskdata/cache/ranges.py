@@ -222,8 +222,10 @@ class RangeFetcher:
         self._starts = np.zeros(0, np.int64)
         self._ends = np.zeros(0, np.int64)
         self._used = np.zeros(0, np.int64)
-        self._segments: list[_Segment] = []
+        self._segments = np.empty(0, object)
+        self._reach: tuple[np.ndarray, np.ndarray] | None = None  # _find's running maxima of the ends, when known
         self._clock = 0
+        self._filesystems: dict[int, tuple[Any, str]] = {}  # per file id: its fsspec filesystem and inner path
         self._kept_bytes = 0
         # Ranges later calls will ask for, by the caller's token: (begin keys, end keys); all of them together.
         self._announced: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
@@ -244,7 +246,7 @@ class RangeFetcher:
             used = np.unique(held_by[found])
             self._clock += 1
             self._used[used] = self._clock
-            segments = [self._segments[i] for i in used.tolist()]
+            segments = self._segments[used].tolist()
             which = np.zeros(len(begin_keys), np.int64)  # per range: its request, an index into segments
             which[found] = np.searchsorted(used, held_by[found])
             offsets = np.zeros(len(begin_keys), np.int64)  # per range: where in its request it starts
@@ -291,19 +293,20 @@ class RangeFetcher:
         return (np.asarray(ids, np.int64)[index] << _FILE_SHIFT) | offsets
 
     def _find(self, begin_keys: np.ndarray, end_keys: np.ndarray) -> np.ndarray:
-        """The kept request that holds each range (its position; -1 where none does)."""
-        if not len(self._starts):
+        """The kept request that holds each range (its position; -1 where none does).
+
+        Of the requests that start at or before a range, the one reaching furthest holds it if any does
+        (requests may overlap: one extended over another's bytes); a request of another file never reaches
+        a range's end."""
+        count = len(self._starts)
+        if not count:
             return np.full(len(begin_keys), -1, np.int64)
-        at = np.searchsorted(self._starts, begin_keys, side="right") - 1
-        held_by = np.where((at >= 0) & (end_keys <= self._ends[np.maximum(at, 0)]), at, -1)
-        missed = np.flatnonzero(held_by < 0)
-        if len(missed) and (self._starts[1:] < self._ends[:-1]).any():
-            # Requests overlap (one was extended over another's bytes): the last one starting before a range
-            # may end before it while an earlier one holds it.
-            holds = (self._starts <= begin_keys[missed, None]) & (end_keys[missed, None] <= self._ends)
-            anywhere = holds.any(axis=1)
-            held_by[missed[anywhere]] = holds[anywhere].argmax(axis=1)
-        return held_by
+        if self._reach is None:
+            furthest = np.maximum.accumulate(self._ends)
+            self._reach = (furthest, np.maximum.accumulate(np.where(self._ends == furthest, np.arange(count), 0)))
+        furthest, which = self._reach
+        at = np.maximum(np.searchsorted(self._starts, begin_keys, side="right") - 1, 0)
+        return np.where((self._starts[at] <= begin_keys) & (end_keys <= furthest[at]), which[at], -1)
 
     def _later_keys(self) -> tuple[np.ndarray, np.ndarray]:
         if self._later is None:
@@ -324,22 +327,26 @@ class RangeFetcher:
             begins = np.concatenate((begins, later_begins))
             ends = np.concatenate((ends, later_ends))
         starts, stops, group = coalesce(begins, ends, options.max_gap)
-        spans: list[tuple[int, int]] = []
-        holds: list[np.ndarray] = []
-        for g in np.unique(group[:asked]).tolist():
-            held = np.flatnonzero(group[:asked] == g)
-            start = int(starts[g])
-            # Extended over later ranges up to max_request_bytes, never short of the ranges asked now.
-            need = int(ends[held].max())
-            members = ends[group == g]
-            fits = members[members <= max(need, start + options.max_request_bytes)]
-            spans.append((start, min(max(need, int(fits.max())), int(stops[g]))))
-            holds.append(held)
+        # A request per group holding ranges asked now, extended over the later ranges of its group up to
+        # max_request_bytes from its start, never short of the ranges asked now.
+        asked_groups, of_asked = np.unique(group[:asked], return_inverse=True)
+        need = np.zeros(len(starts), np.int64)
+        np.maximum.at(need, group[:asked], ends[:asked])
+        fits = ends <= np.maximum(need, starts + options.max_request_bytes)[group]
+        reach = need.copy()
+        np.maximum.at(reach, group[fits], ends[fits])
+        stop = np.minimum(reach, stops)
+        spans = list(zip(starts[asked_groups].tolist(), stop[asked_groups].tolist(), strict=True))
+        by_group = np.argsort(of_asked, kind="stable")
+        holds = np.split(by_group, np.cumsum(np.bincount(of_asked, minlength=len(asked_groups)))[:-1])
         by_filesystem: dict[int, tuple[Any, list[int]]] = {}
         inner_spans: list[tuple[str, int, int]] = []
         for k, (start, stop) in enumerate(spans):
-            path = self._paths[start >> _FILE_SHIFT]
-            filesystem, inner = fs.filesystem(path)
+            file_id = start >> _FILE_SHIFT
+            found = self._filesystems.get(file_id)
+            if found is None:
+                found = self._filesystems[file_id] = fs.filesystem(self._paths[file_id])
+            filesystem, inner = found
             by_filesystem.setdefault(id(filesystem), (filesystem, []))[1].append(k)
             inner_spans.append((inner, start & _OFFSET_MASK, stop & _OFFSET_MASK))
         futures: dict[int, concurrent.futures.Future[bytes]] = {}
@@ -347,33 +354,42 @@ class RangeFetcher:
             futures.update(zip(members_of, self._launch(filesystem, [inner_spans[k] for k in members_of]), strict=True))
         made = []
         for k, ((start, stop), held) in enumerate(zip(spans, holds, strict=True)):
-            future = futures[k]
-            segment = _Segment(self._paths[start >> _FILE_SHIFT], start & _OFFSET_MASK, stop & _OFFSET_MASK, future)
+            segment = _Segment(self._paths[start >> _FILE_SHIFT], start & _OFFSET_MASK, stop & _OFFSET_MASK, futures[k])
             self.requests += 1
-            self._keep(start, stop, segment)
             made.append((segment, start, held))
+        self._keep(np.array([start for start, _ in spans], np.int64), np.array([stop for _, stop in spans], np.int64),
+                   [segment for segment, _, _ in made])
+        for segment, _, _ in made:
+            segment.future.add_done_callback(functools.partial(self._settled, segment))
         return made
 
-    def _keep(self, start: int, stop: int, segment: _Segment) -> None:
-        """Keeps a request for later calls to find (keys ``[start, stop)``), dropping the least recently used
-        ones while more than ``cache_bytes`` are kept."""
-        at = int(np.searchsorted(self._starts, start, side="left"))
-        self._starts = np.insert(self._starts, at, start)
-        self._ends = np.insert(self._ends, at, stop)
+    def _keep(self, starts: np.ndarray, stops: np.ndarray, segments: list[_Segment]) -> None:
+        """Keeps requests for later calls to find (keys ``[starts[i], stops[i])``), then drops the least recently
+        used ones while more than ``cache_bytes`` are kept."""
+        order = np.argsort(starts, kind="stable")
+        objects = np.empty(len(segments), object)
+        objects[:] = segments
+        at = np.searchsorted(self._starts, starts[order], side="left")
         self._clock += 1
+        self._starts = np.insert(self._starts, at, starts[order])
+        self._ends = np.insert(self._ends, at, stops[order])
         self._used = np.insert(self._used, at, self._clock)
-        self._segments.insert(at, segment)
-        self._kept_bytes += stop - start
-        segment.future.add_done_callback(functools.partial(self._settled, segment))
-        while self._kept_bytes > self.options.cache_bytes and self._segments:
-            self._forget(int(np.argmin(self._used)))
+        self._segments = np.insert(self._segments, at, objects[order])
+        self._reach = None
+        self._kept_bytes += int((stops - starts).sum())
+        excess = self._kept_bytes - self.options.cache_bytes
+        if excess > 0:
+            oldest = np.argsort(self._used, kind="stable")
+            count = int(np.searchsorted(np.cumsum((self._ends - self._starts)[oldest]), excess, side="left")) + 1
+            self._forget(oldest[:count])
 
-    def _forget(self, position: int) -> None:
-        self._kept_bytes -= int(self._ends[position] - self._starts[position])
-        self._starts = np.delete(self._starts, position)
-        self._ends = np.delete(self._ends, position)
-        self._used = np.delete(self._used, position)
-        del self._segments[position]
+    def _forget(self, positions: np.ndarray) -> None:
+        self._kept_bytes -= int((self._ends[positions] - self._starts[positions]).sum())
+        self._starts = np.delete(self._starts, positions)
+        self._ends = np.delete(self._ends, positions)
+        self._used = np.delete(self._used, positions)
+        self._segments = np.delete(self._segments, positions)
+        self._reach = None
 
     def _settled(self, segment: _Segment, future: concurrent.futures.Future[bytes]) -> None:
         """Keeps a request's bytes; a request that failed (or was cancelled) is not found again: a later call
@@ -382,10 +398,7 @@ class RangeFetcher:
             segment.data = future.result()
         else:
             with self._lock:
-                for position, kept in enumerate(self._segments):
-                    if kept is segment:
-                        self._forget(position)
-                        break
+                self._forget(np.flatnonzero([kept is segment for kept in self._segments.tolist()]))
 
     def _launch(self, filesystem: Any, spans: list[tuple[str, int, int]]) -> list[concurrent.futures.Future[bytes]]:
         """Starts a request per ``(path, start, stop)`` of ``spans``: on fsspec's event loop for an async
@@ -468,7 +481,8 @@ class RangeFetcher:
     def close(self) -> None:
         with self._lock:
             self._starts = self._ends = self._used = np.zeros(0, np.int64)
-            self._segments.clear()
+            self._segments = np.empty(0, object)
+            self._reach = None
             self._announced.clear()
             self._later = None
             self._kept_bytes = 0
