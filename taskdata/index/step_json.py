@@ -157,12 +157,11 @@ class StepJson:
             a, b = bounds[g], bounds[g + 1]
             parts.append(prefix)
             for k, code in enumerate(types[g]):
-                width = _TYPE_WIDTHS[code]
-                parts += (_KEY_TYPES[k][code], _b64(rows[code][k][a * width : b * width]))
+                parts += (_KEY_TYPES[k][code], _b64(rows[code][k][a:b]))
             parts.append(b'"}}')
         taken = 0 if slices.skipped else size
-        order_type, order_rows, width = order
-        order_text = _b64(order_rows[index * taken * width : (index + 1) * taken * width])
+        order_type, order_rows = order
+        order_text = _b64(order_rows[index * taken : (index + 1) * taken])
         parts += [b'],"order":"', order_type, order_text, b'"}']
         return b"".join(parts)
 
@@ -180,15 +179,15 @@ class StepJson:
             a, b = bounds[g], bounds[g + 1]
             parts += (prefix, cache.files_json_view(file_shards[file_bounds[g] : file_bounds[g + 1]]))
             for key, row in zip(_BASE64_KEYS, rows, strict=True):
-                parts += (key, _b64(row[a * 8 : b * 8]))
+                parts += (key, _b64(row[a:b]))
             parts.append(b'"}}')
         taken = 0 if slices.skipped else size
-        parts += (b'],"order":"', _b64(order[index * taken * 8 : (index + 1) * taken * 8]), b'"}')
+        parts += (b'],"order":"', _b64(order[index * taken : (index + 1) * taken]), b'"}')
         return b"".join(parts)
 
-    def _base64(self) -> tuple[tuple[bytes, ...], bytes, tuple[bytes, ...], tuple[list[int], np.ndarray]]:
-        """The step's read columns row by row and its order, as bytes of little-endian int64 (slicing bytes
-        costs less than slicing an array); per task, its text before its files; the shards each group
+    def _base64(self) -> tuple[list[memoryview], memoryview, list[bytes], tuple[list[int], np.ndarray]]:
+        """The step's read columns row by row and its order, as memoryviews of little-endian int64 (slicing
+        one costs less than slicing an array); per task, its text before its files; the shards each group
         reads (``StepSlices.files_read``). Made on first use and kept, as ``_compact``'s."""
         made = self.__dict__.get("_made_base64")
         if made is not None:
@@ -196,21 +195,17 @@ class StepJson:
         slices = self.slices
         columns = np.ascontiguousarray(slices.columns, "<i8")  # no copy on a little-endian machine
         order = np.ascontiguousarray(slices.order, "<i8")
-        prefixes = tuple(_task_head(t, cache) + b',"files":[' for t, cache in enumerate(slices.files))
-        made = self.__dict__["_made_base64"] = (tuple(row.tobytes() for row in columns), order.tobytes(), prefixes,
-                                                slices.files_read)
+        prefixes = [_task_head(t, cache) + b',"files":[' for t, cache in enumerate(slices.files)]
+        made = self.__dict__["_made_base64"] = ([row.data for row in columns], order.data, prefixes, slices.files_read)
         return made
 
-    def _compact(self) -> tuple[tuple[tuple[int, ...], ...], dict[int, tuple[bytes, ...]], tuple[bytes, bytes, int],
-                                tuple[bytes, ...]]:
+    def _compact(self) -> tuple[list[list[int]], dict[int, list[memoryview]], tuple[bytes, memoryview], list[bytes]]:
         """Per (task, slice) group, the type of each read column (an index into ``_TYPE_NAMES``); per type
-        used, the step's read columns in it, row by row (bytes: slicing bytes costs less than slicing an
+        used, the step's read columns in it, row by row (memoryviews: slicing one costs less than slicing an
         array); the order's type and the order in it; per task, its text before its first column. Made on
         first use and kept (not a cached_property: Python 3.11's holds one lock for all instances while it
         computes, and the server writes steps in worker threads too; two threads may both make it, with
-        equal results). Tuples of ints and bytes, not lists and memoryviews: the garbage collector stops
-        tracking them, and a server keeps these of its last 128 steps (lists would make every collection of
-        the young generations walk thousands of objects, a millisecond's pause of a request now and then)."""
+        equal results)."""
         made = self.__dict__.get("_made")
         if made is not None:
             return made
@@ -224,13 +219,13 @@ class StepJson:
             tops = np.maximum.reduceat(columns, bounds[filled], axis=1).T
             types[filled] = _TYPE_LIMITS.searchsorted(tops, side="right")
         rows = {
-            code: tuple(row.tobytes() for row in (columns if _TYPE_DTYPES[code] is None else columns.astype(_TYPE_DTYPES[code])))
+            code: [row.data for row in (columns if _TYPE_DTYPES[code] is None else columns.astype(_TYPE_DTYPES[code]))]
             for code in set(types.ravel().tolist())  # each type cast once, over the whole step
         }
         order_type, order_dtype = _compact_type(len(slices.files) - 1)
         order = slices.order if order_dtype is None else slices.order.astype(order_dtype)
-        prefixes = tuple(_task_head(t, cache) + b',"names":' + cache.names_json for t, cache in enumerate(slices.files))
-        made = self.__dict__["_made"] = (tuple(map(tuple, types.tolist())), rows, (order_type, order.tobytes(), order.itemsize), prefixes)
+        prefixes = [_task_head(t, cache) + b',"names":' + cache.names_json for t, cache in enumerate(slices.files)]
+        made = self.__dict__["_made"] = (types.tolist(), rows, (order_type, order.data), prefixes)
         return made
 
 
@@ -238,7 +233,6 @@ class StepJson:
 # last (i8) any int64; a column's code is the number of limits at or below its bound.
 _TYPE_NAMES = (*(name for _, name, _ in _UNSIGNED), b"i8:")
 _TYPE_DTYPES = (*(dtype for _, _, dtype in _UNSIGNED), None)
-_TYPE_WIDTHS = (1, 2, 4, 8)  # bytes per value of each type
 # Per read column and type code: the text before the column's base64 (its key, then its type).
 _KEY_TYPES = tuple(tuple(key + name for name in _TYPE_NAMES) for key in _COMPACT_KEYS)
 # What comes before each read column's base64 text (a JSON string): the end of the files, or of the column
