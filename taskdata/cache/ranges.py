@@ -29,8 +29,8 @@ they were started.
   still fails raises ``RangeReadError`` from ``result``, naming the file, the range and the error.
 - A file shorter than a range asked (a truncated shard) is not an error here: ``result`` returns
   the whole ranges before the first one it cuts (and what it holds of that one) and the file's size,
-  for the caller to name the record. (A range
-  that starts past the end fails every try, e.g. with 416; only then is the file's size asked.)
+  for the caller to name the record. (A range that starts past the end fails every try, e.g. with 416;
+  only then is the file's size asked.)
 
 Local files are not read here: ``CacheReader`` reads them with ``pread`` (microseconds; a thread's
 hand-over would cost more than it hides).
@@ -204,7 +204,7 @@ def _as_files(paths: str | Sequence[str], count: int, file_index: Sequence[int] 
 class RangeFetcher:
     """Starts ranged reads of remote files, at most ``options.max_in_flight`` requests at once.
 
-    Every file's bytes live in one space of keys, ``(file id << 40) | offset`` (files up to 1 TiB), so that
+    Every file's bytes live in one space of keys, ``(file id << 40) | offset`` (files up to 512 GiB), so that
     the ranges of many files are located, coalesced and extended in one pass of array operations, never
     across two files: a step of a shuffled epoch reads a few records of each of many shards.
 
