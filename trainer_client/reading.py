@@ -106,16 +106,15 @@ class BatchReader:
     def open(self, steps: Sequence[StepReads]) -> None:
         """Loads the offsets sidecars of every shard ``steps`` read that is not loaded yet, all at once (of
         remote shards: one round trip per cache version), so that starting them waits for none."""
-        wanted: dict[tuple[int, str], set[int]] = {}
+        wanted: dict[str, tuple[CacheReader, set[int]]] = {}
         for step_reads in steps:
             for t, task in enumerate(step_reads.tasks):
                 if not len(task):
                     continue
-                version_dir = task.cache.uri(int(task.files[0])).rsplit("/", 1)[0]
-                if not self._reader_for(t, version_dir)[0].offsets_loaded(self.info.split):
-                    wanted.setdefault((t, version_dir), set()).update(task.files.tolist())
-        for (t, version_dir), shards in wanted.items():
-            reader, _ = self._reader_for(t, version_dir)
+                reader, _ = self._reader_for(t, _version_dir(task))
+                if not reader.offsets_loaded(self.info.split):
+                    wanted.setdefault(reader.version_dir, (reader, set()))[1].update(task.files.tolist())
+        for reader, shards in wanted.values():
             reader.load_offsets(self.info.split, shards)
 
     def announce(self, step_reads: StepReads) -> None:
@@ -192,9 +191,8 @@ class BatchReader:
         range (None when there are none)."""
         if not len(task):
             return None
-        uris = task.file_uris
-        reader, table = self._reader_for(task_index, uris[0].rsplit("/", 1)[0])  # it holds the bytes the plan pins
-        for shard, uri in zip(task.files.tolist(), uris, strict=True):
+        reader, table = self._reader_for(task_index, _version_dir(task))  # it holds the bytes the plan pins
+        for shard, uri in zip(task.files.tolist(), task.file_uris, strict=True):
             if not 0 <= shard < len(table.shard_uris) or table.shard_uris[shard] != uri:
                 theirs = table.shard_uris[shard] if 0 <= shard < len(table.shard_uris) else "no such shard"
                 raise AssignmentError(
@@ -255,6 +253,11 @@ class BatchReader:
                 reader.close()
         self._readers.clear()
         self._fetcher.close()
+
+
+def _version_dir(task: TaskReads) -> str:
+    """The version folder the files of ``task`` (one with reads) are named in (its first file's)."""
+    return task.cache.uri(int(task.files[0])).rsplit("/", 1)[0]
 
 
 _EMPTY: tuple[bytes, np.ndarray, np.ndarray] = (b"", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))

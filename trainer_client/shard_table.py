@@ -1,8 +1,9 @@
 """``CacheReaderTable``: a cache reader as the ``taskdata.index.ShardTable`` of its task's version.
 
 Byte ranges come from the shards' offsets sidecars, each loaded (and checked against the manifest) on
-first use, so a host loads the sidecars of the shards it reads only; those a call needs are loaded together. ``LocalAssignments`` computes
-read instructions with it; ``BatchReader`` checks every instruction's byte ranges against it.
+first use, so a host loads the sidecars of the shards it reads only; those a call needs are loaded together.
+``LocalAssignments`` computes read instructions with it; ``BatchReader`` checks the files instructions name
+against its ``shard_uris`` (and their byte ranges against the frames its ``CacheReader`` locates).
 """
 
 from __future__ import annotations
