@@ -9,6 +9,12 @@ Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--baseli
 Targets (one replica, one core, loopback): a 4,096-host pod training at 1 step/s is answered with p99 <= 20 ms;
 a synchronised restart of all 4,096 hosts is answered in <= 5 s; p99 at one connection <= 3 ms.
 
+wrk's percentiles are corrected for coordinated omission: for a request of latency L it adds samples at L - T,
+L - 2T, ... while above T (T: the run's mean time per request per connection), the requests a client sending at
+a fixed rate would have sent meanwhile. At one connection a rare slow request thus counts many times, so
+``--latency-only`` also traces each request's own latency (a wrk response callback) and reports both, beside
+this machine's own tail for a fixed pure-Python task run between short sleeps, with no server at all.
+
 ``--baseline TREE`` serves another source tree too (``git archive main | tar -x -C TREE``), on the same caches
 and runs, and measures it in every configuration right after this tree (wrk runs, pod bursts, the paced pod):
 on a machine whose speed moves from minute to minute, a before/after comparison in the same rounds.
@@ -61,6 +67,17 @@ local counter = 0
 local mode, run, hosts = os.getenv("MODE"), os.getenv("RUN"), tonumber(os.getenv("HOSTS"))
 local steps, base = tonumber(os.getenv("STEPS")), tonumber(os.getenv("BASE"))
 local encoding = os.getenv("ENCODING")
+-- TRACE (a file): each request's own latency, from this thread's clock (wrk's percentiles are corrected for
+-- coordinated omission; these are not), written by a response callback.
+local trace, now, started = os.getenv("TRACE"), nil, 0
+if trace and trace ~= "" then
+  local ffi = require("ffi")
+  ffi.cdef[[ typedef struct { long tv_sec; long tv_nsec; } wrk_timespec; int clock_gettime(int, wrk_timespec *); ]]
+  local ts = ffi.new("wrk_timespec")
+  now = function() ffi.C.clock_gettime(1, ts); return tonumber(ts.tv_sec) * 1e6 + tonumber(ts.tv_nsec) / 1e3 end
+  local out = io.open(trace, "w")
+  response = function(status, headers, body) out:write(string.format("%.1f\n", now() - started)) end
+end
 request = function()
   local path
   if mode == "trivial" then
@@ -72,6 +89,7 @@ request = function()
                          base + window * steps, steps, run, encoding)
   end
   counter = counter + 1
+  if now then started = now() end
   return wrk.format("GET", path)
 end
 done = function(summary, latency, requests)
@@ -278,25 +296,53 @@ CONFIGS = [
 ]
 
 
+def machine_tail(seconds: float) -> tuple[float, float]:
+    """(p50, p99) in us of one fixed pure-Python work unit (~0.1-0.2 ms), each run after a 0.5 ms sleep, as a
+    server at one connection works between idle waits: what this machine alone does to a short task's tail."""
+    durations = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.0005)
+        started = time.perf_counter()
+        total = 0
+        for i in range(2000):
+            total += i * i
+        durations.append((time.perf_counter() - started) * 1e6)
+    durations.sort()
+    return durations[len(durations) // 2], durations[int(len(durations) * 0.99)]
+
+
 def latency_only(port: int, pid: int, script: str, args: argparse.Namespace) -> None:
-    """p50/p99 at one connection (r64, hosts of a step together), the server doing nothing else."""
+    """p50/p99 at one connection (r64, hosts of a step together), the server doing nothing else: wrk's (corrected
+    for coordinated omission) and each request's own (traced), beside this machine's tail for a fixed task."""
     label, run, hosts, mode, steps, connections, encoding = CONFIGS[-1]
+    unit_p50, unit_p99 = machine_tail(args.seconds)
     runs = []
     for round_ in range(args.rounds):
         load = os.getloadavg()[0]
+        trace = Path(script).with_name(f"trace-{round_}.txt")
         runs.append(wrk(script, port, pid, connections, args.seconds, MODE=mode, RUN=run or "", HOSTS=hosts,
-                        STEPS=steps, BASE=600_000_000 + round_ * 10_000_000, ENCODING=encoding))
-        runs[-1]["load"] = (load + os.getloadavg()[0]) / 2
+                        STEPS=steps, BASE=600_000_000 + round_ * 10_000_000, ENCODING=encoding, TRACE=str(trace)))
+        own = sorted(float(line) for line in trace.read_text().split())
+        runs[-1].update(load=(load + os.getloadavg()[0]) / 2, own_p50_us=own[len(own) // 2],
+                        own_p99_us=own[int(len(own) * 0.99)])
         print(label, {k: round(v, 1) for k, v in runs[-1].items()}, flush=True)
     p99 = statistics.median(r["p99_us"] for r in runs) / 1e3
+    own_p99 = statistics.median(r["own_p99_us"] for r in runs) / 1e3
     lines = [
-        f"{label}, nothing else sent to the server: p50 {statistics.median(r['p50_us'] for r in runs) / 1e3:.2f} ms, "
-        f"p99 {p99:.2f} ms (rounds: {', '.join(format(r['p99_us'] / 1e3, '.2f') for r in runs)} ms), "
+        f"{label}, nothing else sent to the server: wrk's p50 {statistics.median(r['p50_us'] for r in runs) / 1e3:.2f} "
+        f"ms, p99 {p99:.2f} ms (rounds: {', '.join(format(r['p99_us'] / 1e3, '.2f') for r in runs)} ms); each "
+        f"request's own p50 {statistics.median(r['own_p50_us'] for r in runs) / 1e3:.2f} ms, p99 {own_p99:.2f} ms "
+        f"(rounds: {', '.join(format(r['own_p99_us'] / 1e3, '.2f') for r in runs)} ms); "
         f"{statistics.median(r['rate'] for r in runs):,.0f} req/s, server CPU "
         f"{statistics.median(r['server_cpu_us'] for r in runs):,.0f} us/request; load "
         f"{', '.join(format(r['load'], '.1f') for r in runs)}",
-        f"target p99 <= 3 ms at 1 connection on a quiet machine: {p99:.2f} ms ({'met' if p99 <= 3 else 'NOT met'}); "
-        f"median of {args.rounds} rounds of {args.seconds} s",
+        f"this machine alone, a fixed pure-Python task run after 0.5 ms sleeps for {args.seconds} s: p50 "
+        f"{unit_p50:,.0f} us, p99 {unit_p99:,.0f} us ({unit_p99 / unit_p50:.1f}x the median)",
+        f"target p99 <= 3 ms at 1 connection on a quiet machine: wrk's {p99:.2f} ms ({'met' if p99 <= 3 else 'NOT met'}), "
+        f"each request's own {own_p99:.2f} ms ({'met' if own_p99 <= 3 else 'NOT met'}); median of {args.rounds} rounds "
+        f"of {args.seconds} s. wrk adds, for a request of latency L, samples at L - i * T (T: the run's mean time per "
+        "request) while above T: a client sending at a fixed rate would have waited for it",
     ]
     print("\n".join(lines))
     if args.write:
