@@ -67,7 +67,7 @@ local counter = 0
 local mode, run, hosts = os.getenv("MODE"), os.getenv("RUN"), tonumber(os.getenv("HOSTS"))
 local steps, base = tonumber(os.getenv("STEPS")), tonumber(os.getenv("BASE"))
 local encoding = os.getenv("ENCODING")
--- TRACE (a file): each request's own latency, from this thread's clock (wrk's percentiles are corrected for
+-- TRACE (a file): each request's own latency, on the monotonic clock (wrk's percentiles are corrected for
 -- coordinated omission; these are not), written by a response callback.
 local trace, now, started = os.getenv("TRACE"), nil, 0
 if trace and trace ~= "" then
@@ -324,6 +324,8 @@ def latency_only(port: int, pid: int, script: str, args: argparse.Namespace) -> 
         runs.append(wrk(script, port, pid, connections, args.seconds, MODE=mode, RUN=run or "", HOSTS=hosts,
                         STEPS=steps, BASE=600_000_000 + round_ * 10_000_000, ENCODING=encoding, TRACE=str(trace)))
         own = sorted(float(line) for line in trace.read_text().split())
+        if len(own) != runs[-1]["requests"]:
+            raise SystemExit(f"{trace}: {len(own)} latencies traced for {runs[-1]['requests']} requests")
         runs[-1].update(load=(load + os.getloadavg()[0]) / 2, own_p50_us=own[len(own) // 2],
                         own_p99_us=own[int(len(own) * 0.99)])
         print(label, {k: round(v, 1) for k, v in runs[-1].items()}, flush=True)
