@@ -8,6 +8,7 @@ left running, without trusting pids that the system may have reused.
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 
 import pytest
@@ -74,7 +75,13 @@ def test_small_drill_passes_every_stage_and_leaves_no_process(tmp_path):
     )  # 2 splits x 4 shards x (shard + offsets + origins sidecar) + 6 metadata files
     preempted, resumed = facts["preempted"], facts["resumed"]
     assert preempted["killed_process"] == 2 and preempted["exit_codes"][2] == -9
-    assert {i: preempted["exit_codes"][i] for i in (0, 1, 3)} == {0: 1, 1: 1, 3: 1}, "each said why (checked)"
+    # Each survivor said why (exit 1; the drill checks the words), unless gloo aborted it on a collective left
+    # half done by the killed peer (SIGABRT before its Python code runs; the drill names it): not all of them.
+    aborted = preempted["aborted_by_gloo"]
+    assert set(aborted) < {0, 1, 3} and all(preempted["exit_codes"][i] == -signal.SIGABRT for i in aborted)
+    assert all(preempted["exit_codes"][i] == 1 for i in {0, 1, 3} - set(aborted)), (
+        "each other said why (checked)"
+    )
     assert sorted(preempted["exit_seconds"]) == [0, 1, 3] and max(preempted["exit_seconds"].values()) < 60
     assert 3 <= preempted["checkpoint"] <= preempted["last_logged_step"] + 1 < 12
     assert resumed["from_step"] == preempted["checkpoint"]
