@@ -129,7 +129,8 @@ def sigkill(kills: int = 25, seed: int = 0, multi_process: bool = False, max_att
         env = _env(work)
         started = time.monotonic()
         reference = _run(_cache_command(work / "reference", "drill_docs", *extra), env)
-        full_run = reference_seconds = time.monotonic() - started
+        reference_seconds = time.monotonic() - started
+        shortest_build = reference_seconds  # kills are drawn within it
         if reference.returncode != 0:
             raise DrillFailure(f"the unkilled reference build failed: {reference.stderr[-2000:]}")
         output = work / "crashy"
@@ -143,7 +144,7 @@ def sigkill(kills: int = 25, seed: int = 0, multi_process: bool = False, max_att
             complete_before = len(list(task_root.glob("v*/COMPLETED")))
             process = subprocess.Popen(_cache_command(output, "drill_docs", *extra), env=env, cwd=REPO,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-            delay = rng.uniform(0.05, full_run)
+            delay = rng.uniform(0.05, shortest_build)
             time.sleep(delay)
             if process.poll() is None:
                 _kill_group(process)
@@ -158,7 +159,7 @@ def sigkill(kills: int = 25, seed: int = 0, multi_process: bool = False, max_att
                 counts["finished_before_kill"] += 1
                 # Builds can be faster than the reference one (a machine less loaded now): later kills are drawn
                 # within the time this one is known to have taken, so that they land inside a build.
-                full_run = min(full_run, delay)
+                shortest_build = min(shortest_build, delay)
                 complete, bad, dangling = _check_root(task_root)
             counts["complete_looking_but_failing_verify"] += bad
             counts["current_not_naming_a_complete_version"] += dangling
