@@ -2,7 +2,7 @@
 FastAPI endpoint beside it, and a pod simulator; the targets are what a pod needs.
 
 Run: PYTHONPATH=. python bench/bench_wrk.py [--seconds 8] [--rounds 3] [--baseline TREE] [--targets-only] [--write]
-     PYTHONPATH=. python bench/bench_wrk.py --latency-only     (the 1-connection p99 alone, nothing else sent)
+     PYTHONPATH=. python bench/bench_wrk.py --latency-only     (the 1-connection p99 alone, beside the trivial endpoint's)
      PYTHONPATH=. python bench/bench_wrk.py --profile [--write]   (where the server's time goes: py-spy, r64 and
                                                                   r65536, together and distinct)
 
@@ -13,7 +13,8 @@ wrk's percentiles are corrected for coordinated omission: for a request of laten
 L - 2T, ... while above T (T: the run's mean time per request per connection), the requests a client sending at
 a fixed rate would have sent meanwhile. At one connection a rare slow request thus counts many times, so
 ``--latency-only`` also traces each request's own latency (a wrk response callback) and reports both, beside
-this machine's own tail for a fixed pure-Python task run between short sleeps, with no server at all.
+the trivial endpoint at one connection in the same rounds (what any FastAPI route gets from this machine at that
+minute) and this machine's own tail for a fixed pure-Python task run between short sleeps, with no server at all.
 
 ``--baseline TREE`` serves another source tree too (``git archive main | tar -x -C TREE``), on the same caches
 and runs, and measures it in every configuration right after this tree (wrk runs, pod bursts, the paced pod):
@@ -67,6 +68,8 @@ local counter = 0
 local mode, run, hosts = os.getenv("MODE"), os.getenv("RUN"), tonumber(os.getenv("HOSTS"))
 local steps, base = tonumber(os.getenv("STEPS")), tonumber(os.getenv("BASE"))
 local encoding = os.getenv("ENCODING")
+-- CYCLE (a number): the windows repeat after that many, so that the server answers from its caches.
+local cycle = tonumber(os.getenv("CYCLE") or "")
 -- TRACE (a file): each request's own latency, on the monotonic clock (wrk's percentiles are corrected for
 -- coordinated omission; these are not), written by a response callback.
 local trace, now, started = os.getenv("TRACE"), nil, 0
@@ -85,6 +88,7 @@ request = function()
   else
     local window = counter
     if mode == "together" then window = math.floor(counter / hosts) end
+    if cycle then window = window % cycle end
     path = string.format("/shards?host=%d&step=%d&steps=%d&run=%s&encoding=%s", counter % hosts,
                          base + window * steps, steps, run, encoding)
   end
@@ -312,33 +316,55 @@ def machine_tail(seconds: float) -> tuple[float, float]:
     return durations[len(durations) // 2], durations[int(len(durations) * 0.99)]
 
 
-def latency_only(port: int, pid: int, script: str, args: argparse.Namespace) -> None:
+def latency_only(port: int, pid: int, trivial_port: int, trivial_pid: int, script: str, args: argparse.Namespace) -> None:
     """p50/p99 at one connection (r64, hosts of a step together), the server doing nothing else: wrk's (corrected
-    for coordinated omission) and each request's own (traced), beside this machine's tail for a fixed task."""
+    for coordinated omission) and each request's own (traced); the trivial endpoint at one connection in the same
+    rounds, just before, as this machine's floor for any FastAPI route; the route answering 8 steps over and over
+    from its answer cache (what the route costs beside a new step's index math and JSON); and this machine's tail
+    for a fixed task."""
     label, run, hosts, mode, steps, connections, encoding = CONFIGS[-1]
     unit_p50, unit_p99 = machine_tail(args.seconds)
-    runs = []
+    measured: dict[str, list[dict]] = {"trivial": [], "kept": [], "shards": []}
     for round_ in range(args.rounds):
-        load = os.getloadavg()[0]
-        trace = Path(script).with_name(f"trace-{round_}.txt")
-        runs.append(wrk(script, port, pid, connections, args.seconds, MODE=mode, RUN=run or "", HOSTS=hosts,
-                        STEPS=steps, BASE=600_000_000 + round_ * 10_000_000, ENCODING=encoding, TRACE=str(trace)))
-        own = sorted(float(line) for line in trace.read_text().split())
-        if len(own) != runs[-1]["requests"]:
-            raise SystemExit(f"{trace}: {len(own)} latencies traced for {runs[-1]['requests']} requests")
-        runs[-1].update(load=(load + os.getloadavg()[0]) / 2, own_p50_us=own[len(own) // 2],
-                        own_p99_us=own[int(len(own) * 0.99)])
-        print(label, {k: round(v, 1) for k, v in runs[-1].items()}, flush=True)
-    p99 = statistics.median(r["p99_us"] for r in runs) / 1e3
-    own_p99 = statistics.median(r["own_p99_us"] for r in runs) / 1e3
+        route = {"MODE": mode, "RUN": run or "", "HOSTS": hosts, "STEPS": steps, "ENCODING": encoding}
+        for name, at, server_pid, env in (
+            ("trivial", trivial_port, trivial_pid, {"MODE": "trivial"}),
+            # The same 8 steps over and over: every answer from the server's answer cache, no index math.
+            ("kept", port, pid, {**route, "BASE": 100, "CYCLE": 8}),
+            ("shards", port, pid, {**route, "BASE": 600_000_000 + round_ * 10_000_000}),
+        ):
+            load = os.getloadavg()[0]
+            trace = Path(script).with_name(f"trace-{name}-{round_}.txt")
+            result = wrk(script, at, server_pid, connections, args.seconds, TRACE=str(trace), **env)
+            own = sorted(float(line) for line in trace.read_text().split())
+            if len(own) != result["requests"]:
+                raise SystemExit(f"{trace}: {len(own)} latencies traced for {result['requests']} requests")
+            result.update(load=(load + os.getloadavg()[0]) / 2, own_p50_us=own[len(own) // 2],
+                          own_p99_us=own[int(len(own) * 0.99)])
+            measured[name].append(result)
+            print(name, {k: round(v, 1) for k, v in result.items()}, flush=True)
+
+    def line(runs: list[dict]) -> str:
+        return (f"wrk's p50 {statistics.median(r['p50_us'] for r in runs) / 1e3:.2f} ms, p99 "
+                f"{statistics.median(r['p99_us'] for r in runs) / 1e3:.2f} ms (rounds: "
+                f"{', '.join(format(r['p99_us'] / 1e3, '.2f') for r in runs)} ms); each request's own p50 "
+                f"{statistics.median(r['own_p50_us'] for r in runs) / 1e3:.2f} ms, p99 "
+                f"{statistics.median(r['own_p99_us'] for r in runs) / 1e3:.2f} ms (rounds: "
+                f"{', '.join(format(r['own_p99_us'] / 1e3, '.2f') for r in runs)} ms); "
+                f"{statistics.median(r['rate'] for r in runs):,.0f} req/s, server CPU "
+                f"{statistics.median(r['server_cpu_us'] for r in runs):,.0f} us/request; load "
+                f"{', '.join(format(r['load'], '.1f') for r in runs)}")
+
+    shards, trivial = measured["shards"], measured["trivial"]
+    p99 = statistics.median(r["p99_us"] for r in shards) / 1e3
+    own_p99 = statistics.median(r["own_p99_us"] for r in shards) / 1e3
+    trivial_over = sum(r["p99_us"] > 3000 for r in trivial)
     lines = [
-        f"{label}, nothing else sent to the server: wrk's p50 {statistics.median(r['p50_us'] for r in runs) / 1e3:.2f} "
-        f"ms, p99 {p99:.2f} ms (rounds: {', '.join(format(r['p99_us'] / 1e3, '.2f') for r in runs)} ms); each "
-        f"request's own p50 {statistics.median(r['own_p50_us'] for r in runs) / 1e3:.2f} ms, p99 {own_p99:.2f} ms "
-        f"(rounds: {', '.join(format(r['own_p99_us'] / 1e3, '.2f') for r in runs)} ms); "
-        f"{statistics.median(r['rate'] for r in runs):,.0f} req/s, server CPU "
-        f"{statistics.median(r['server_cpu_us'] for r in runs):,.0f} us/request; load "
-        f"{', '.join(format(r['load'], '.1f') for r in runs)}",
+        f"{label}, nothing else sent to the server: {line(shards)}",
+        f"the trivial endpoint at 1 connection (its own server, same options), just before in each round: "
+        f"{line(trivial)}; its wrk p99 over 3 ms in {trivial_over} of {len(trivial)} rounds",
+        f"the same requests for 8 steps cycled (answers kept by the server: no index math, no JSON), just before in "
+        f"each round: {line(measured['kept'])}",
         f"this machine alone, a fixed pure-Python task run after 0.5 ms sleeps for {args.seconds} s: p50 "
         f"{unit_p50:,.0f} us, p99 {unit_p99:,.0f} us ({unit_p99 / unit_p50:.1f}x the median)",
         f"target p99 <= 3 ms at 1 connection on a quiet machine: wrk's {p99:.2f} ms ({'met' if p99 <= 3 else 'NOT met'}), "
@@ -358,8 +384,8 @@ def main() -> None:
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--profile", action="store_true", help="only where the server's time goes (needs py-spy)")
     parser.add_argument("--latency-only", action="store_true",
-                        help="only the 1-connection latency run (r64, hosts together), nothing else sent to the server "
-                             "between its rounds: the p99 target asks for a quiet machine")
+                        help="only the 1-connection latency runs (r64, hosts together; the trivial endpoint before it in "
+                             "each round), nothing else sent to the servers meanwhile: the p99 target asks for a quiet machine")
     parser.add_argument("--encoding", default="compact", choices=("compact", "base64"),
                         help="the encoding --profile asks for (the throughput runs measure both)")
     parser.add_argument("--baseline", type=Path, metavar="TREE",
@@ -411,7 +437,7 @@ def main() -> None:
                 write_section("Server with wrk: where the time goes", lines)
             return
         if args.latency_only:
-            latency_only(port, server.pid, str(script), args)
+            latency_only(port, server.pid, trivial_port, trivial.pid, str(script), args)
             return
         results: dict[tuple[str, str], list[dict]] = {}  # (tree, configuration) -> one result per round
         configs = [CONFIGS[0], CONFIGS[-1]] if args.targets_only else CONFIGS
