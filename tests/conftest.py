@@ -1,5 +1,5 @@
 """Shared fixtures (a fresh registry per test, a tiny SentencePiece model trained once per session, a small
-C4 folder) and the rule that keeps the fast tier fast.
+C4 folder), the rule that keeps the fast tier fast, and one node id per test.
 
 The fast tier, ``pytest -m "not slow"``, is unit and property tests. A test that is not marked ``slow`` and
 starts a process, binds a socket (a server) or runs a Beam pipeline fails, naming what it did: mark it
@@ -10,6 +10,7 @@ pipeline run does, unpickling its transforms (taskdata itself never unpickles).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import sys
@@ -140,6 +141,20 @@ def c4_folder(tmp_path_factory):
             for doc in chosen:
                 out.write(json.dumps({"text": doc, "timestamp": "2019-04-25T00:00:00Z", "url": "https://x.org"}) + "\n")
     return folder
+
+
+# pytest-xdist hands out tests by node id and runs one test per id: a second test with the same id (a plugin's
+# own parametrization can make them, as schemathesis's did) would never run, and nothing would say so. Checked
+# last, on the items every other plugin has settled.
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shared = sorted(nodeid for nodeid, n in collections.Counter(item.nodeid for item in items).items() if n > 1)
+    if shared:
+        raise pytest.UsageError(
+            f"{len(shared)} node id(s) name more than one test, and pytest-xdist runs one test per node id, so the "
+            f"others would not run: {', '.join(shared[:5])}{' ...' if len(shared) > 5 else ''}. Give each test its own "
+            "id (e.g. pytest.mark.parametrize's ids=, or pytest.param(..., id=...))."
+        )
 
 
 # Once the report is written, nothing may keep the suite's process alive (a thread not marked daemon, a child
