@@ -1,7 +1,10 @@
 """In-process cost of a ``/shards`` step's index math and answer, no HTTP (what bench_wrk.py's server spends
 per request before the socket): one host slice computed alone as a ``StepReads`` (``step_slices(..., only=i)``), a
 whole step of 8 slices (``step_slices``), and a new step's answer as the server writes it for a host whose step
-no other host asked for (``step_json``: the slice alone and its compact JSON, then ``shards_body``), on
+no other host asked for (``step_json``: the slice alone and its compact JSON, then ``shards_body``), and what
+the trainer client's local source (``LocalAssignments.fetch``, no server) spends on one host's step, its byte ranges
+looked up in the shards' offsets (every sidecar loaded first; a shard's first read also adds its offsets to the
+client's table, which r65536's 3 x 65,536 shards still do in every round), on
 bench_server.py's runs r64 and r65536 (3-task mixture, global batch 2048, 8 data shards), at steps far
 into the run (every task many epochs in, as bench_wrk.py asks).
 
@@ -56,11 +59,18 @@ def setup() -> dict:
 def timings(prepared: dict, rounds: int) -> list[str]:
     from server.assignments import shards_body, step_json
     from taskdata.index import step_slices
+    from trainer_client.assignments import HostSlice
+    from trainer_client.local_source import LocalAssignments
 
     lines = []
     for name, (run, _caches, memory, tables) in prepared.items():
         step_slices(tables, 0, HOSTS)  # the plan's layout tables, once per process
-        figures: dict[str, list[float]] = {"one slice": [], "whole step": [], "answer": []}
+        # The trainer client's own source (no server): every sidecar loaded first, as after a host's first epoch.
+        local = LocalAssignments.from_cache_root(run, str(OUT / "caches"))
+        for reader in local.readers.values():
+            reader.load_offsets(run.plan.split, range(len(reader.record_counts(run.plan.split))))
+        local.fetch(0, 1, HostSlice(0, HOSTS))
+        figures: dict[str, list[float]] = {"one slice": [], "whole step": [], "answer": [], "client": []}
         for round_ in range(rounds):
             base = 10_000 + round_ * 1_000_000
             steps = range(base, base + PER_ROUND)
@@ -80,6 +90,10 @@ def timings(prepared: dict, rounds: int) -> list[str]:
                 shards_body(run, host, HOSTS, host, step, [body])
                 memory.clear_step_slices()
             figures["answer"].append((time.process_time() - started) / PER_ROUND)
+            started = time.process_time()
+            for step in range(base + 700_000, base + 700_000 + PER_ROUND):
+                local.fetch(step, 1, HostSlice(step % HOSTS, HOSTS))
+            figures["client"].append((time.process_time() - started) / PER_ROUND)
         lines.append(
             f"{name}: "
             + ", ".join(f"{k} {statistics.median(v) * 1e6:.0f} us (min {min(v) * 1e6:.0f})" for k, v in figures.items())

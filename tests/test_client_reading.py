@@ -19,6 +19,7 @@ from tests.client_helpers import LENGTHS, shared_root
 from trainer_client.assignments import AssignmentError, HostSlice
 from trainer_client.local_source import LocalAssignments
 from trainer_client.reading import BatchReader
+from trainer_client.shard_table import CacheReaderTable
 
 pytestmark = pytest.mark.slow  # cache jobs (Beam)
 
@@ -82,6 +83,48 @@ def test_an_example_longer_than_its_length_is_an_error_naming_the_fix(root):
         "Raise that feature's length",
     ):
         reader.read(source.fetch(0, 1, HostSlice(0, 4))[0])
+
+
+def _one_version(root):
+    source = LocalAssignments.from_cache_root(RunStore(root).get("mix4"), root)
+    version_dir = next(iter(source.readers))
+    reader = CacheReader(version_dir)
+    return version_dir, reader, CacheReaderTable(reader, "train")
+
+
+def test_a_reader_tables_byte_ranges_are_its_sidecars_whatever_shards_were_loaded_before(root):
+    """The table keeps the offsets of the shards loaded so far end to end, adding shards as calls need them:
+    every answer is the sidecars' own, and a shard is loaded when a read needs it, not before."""
+    version_dir, reader, table = _one_version(root)
+    sidecars = CacheReader(version_dir)
+    counts = np.array(reader.record_counts("train"), np.int64)
+    assert len(counts) == 3
+    rng = np.random.default_rng(0)
+    for among in ([1], [1], [2, 0], [0, 1, 2], []):
+        shards = rng.choice(np.array(among, np.int64), 20) if among else np.zeros(0, np.int64)
+        firsts = rng.integers(0, counts[shards] + 1)
+        lengths = rng.integers(0, counts[shards] - firsts + 1)
+        starts, sizes = table.byte_ranges(shards, firsts, lengths)
+        assert starts.dtype == sizes.dtype == np.int64 and len(starts) == len(sizes) == len(shards)
+        for shard, first, length, start, size in zip(shards, firsts, lengths, starts, sizes, strict=True):
+            offsets = sidecars.shard_offsets("train", int(shard))
+            assert (start, size) == (offsets[first], offsets[first + length] - offsets[first]), (shard, first, length)
+        if among == [1]:
+            assert not reader.offsets_loaded("train")  # shards 0 and 2 not read yet
+    assert reader.offsets_loaded("train")
+
+
+def test_a_reader_table_names_a_read_outside_its_shard_and_a_shard_that_is_not_there(root):
+    _, reader, table = _one_version(root)
+    records = reader.record_counts("train")[1]
+    with pytest.raises(IndexError, match=rf"Records 5\.\.{records + 4} of shard 1 of task 'toy_\w+' are outside it: it "
+                                         rf"has {records} records \(\S+train\S+\)"):
+        table.byte_ranges(np.array([0, 1]), np.array([0, 5]), np.array([1, records]))
+    for shard in (3, -1):
+        with pytest.raises(IndexError, match=rf"Shard {shard} of task 'toy_\w+' does not exist: its version \S+ has 3 "
+                                             "shards"):
+            table.byte_ranges(np.array([0, shard]), np.array([0, 0]), np.array([1, 1]))
+    assert not reader.offsets_loaded("train") and table.byte_ranges(np.array([2]), np.array([0]), np.array([0]))[1][0] == 0
 
 
 def test_byte_ranges_that_disagree_with_the_offsets_sidecar_are_refused(root):
