@@ -51,8 +51,8 @@ def test_a_suite_that_leaves_nothing_running_exits_with_pytests_code(tmp_path):
     assert "Timeout" not in done.stderr
 
 
-# A plugin that collects two tests of one name from one file, so one node id, as schemathesis's own
-# parametrization did.
+# A plugin that collects two tests from one file, named "same" and {second}: with "same" twice, one node id, as
+# schemathesis's own parametrization made.
 SHARED_ID = """
 import pytest
 
@@ -63,7 +63,7 @@ class Same(pytest.Item):
 class Twice(pytest.File):
     def collect(self):
         yield Same.from_parent(self, name="same")
-        yield Same.from_parent(self, name="same")
+        yield Same.from_parent(self, name="{second}")
 
 def pytest_collect_file(file_path, parent):
     if file_path.name == "test_generated.py":
@@ -72,13 +72,13 @@ def pytest_collect_file(file_path, parent):
 
 
 def test_two_tests_with_one_node_id_stop_the_suite_naming_the_id(tmp_path):
-    (tmp_path / "conftest.py").write_text(SHARED_ID)
+    (tmp_path / "conftest.py").write_text(SHARED_ID.format(second="same"))
     done = _pytest(str(tmp_path), ENDS)
     assert done.returncode == 4, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
     assert "test_generated.py::same" in done.stderr and "runs one test per node id" in done.stderr, done.stderr
 
 
 def test_tests_with_their_own_node_ids_run(tmp_path):
-    (tmp_path / "conftest.py").write_text(SHARED_ID.replace('name="same")\n        yield Same.from_parent(self, name="same")', 'name="same")\n        yield Same.from_parent(self, name="other")'))
+    (tmp_path / "conftest.py").write_text(SHARED_ID.format(second="other"))
     done = _pytest(str(tmp_path), ENDS)
     assert done.returncode == 0 and "3 passed" in done.stdout, (done.stdout[-2000:], done.stderr[-2000:])

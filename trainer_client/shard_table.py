@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from taskdata.cache.reader import CacheReader
+from taskdata.cache.tfrecord import flat_byte_ranges
 
 __all__ = ["CacheReaderTable"]
 
@@ -62,9 +63,7 @@ class CacheReaderTable:
             if new:
                 self._reader.load_offsets(self._split, new)  # of remote shards: one round trip
                 self._add(new)
-            at = self._starts[shards] + first_records
-            starts = self._flat[at]
-            return starts, self._flat[at + counts] - starts
+            return flat_byte_ranges(self._flat, self._starts, shards, first_records, counts)
 
     def _add(self, shards: list[int]) -> None:
         """Appends the offsets of ``shards`` (loaded by the reader) to ``_flat``."""

@@ -37,6 +37,7 @@ __all__ = [
     "TFRecordWriter",
     "check_frames",
     "check_offsets",
+    "flat_byte_ranges",
     "frame_record",
     "iter_records",
     "masked_crc32c",
@@ -432,6 +433,17 @@ def read_record_index(data: bytes, path: str) -> RecordIndex:
     check_offsets(table, path)
     table.flags.writeable = False
     return RecordIndex(table, np.frombuffer(data, dtype="<u4", offset=crcs_start, count=count).astype(np.uint32))
+
+
+def flat_byte_ranges(
+    flat: np.ndarray, table_starts: np.ndarray, shards: np.ndarray, first_records: np.ndarray, counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(byte offsets, byte lengths) of records ``[first_records[i], first_records[i] + counts[i])`` of shard
+    ``shards[i]``, from offset tables laid end to end in ``flat`` (shard ``s``'s from ``table_starts[s]``): a few
+    array operations for any number of reads. The reads must lie inside their shards; that is not checked here."""
+    at = table_starts[shards] + first_records
+    starts = flat[at]
+    return starts, flat[at + counts] - starts
 
 
 def check_offsets(table: np.ndarray, path: str) -> None:

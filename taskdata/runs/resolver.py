@@ -28,6 +28,7 @@ from taskdata.cache.format import (
     load_manifest,
     task_dir,
 )
+from taskdata.cache.tfrecord import flat_byte_ranges
 from taskdata.cache.verify import Level
 from taskdata.runs.store import CacheUnavailableError, StoredRun
 
@@ -88,9 +89,7 @@ class ResolvedCache:
 
         The reads must lie inside their shards (as the index math's do); that is not checked here.
         """
-        at = self.table_starts[shards] + first_records
-        starts = self.flat_offsets[at]
-        return starts, self.flat_offsets[at + counts] - starts
+        return flat_byte_ranges(self.flat_offsets, self.table_starts, shards, first_records, counts)
 
 
 class CacheResolver:
